@@ -1,0 +1,54 @@
+// common.cuh: helpers shared by every kernel header (bf16 conversion, warp reductions,
+// activations, vector loads). No kernels here.
+// Compiles alone: nvcc -arch=sm_90 -std=c++17 -cubin -x cu kernels/common.cuh -o /dev/null
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace q38 {
+
+typedef __nv_bfloat16 bf16;
+typedef __nv_bfloat162 bf162;
+
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf(float v) { return __float2bfloat16_rn(v); }
+// Round an fp32 value to the nearest bf16 and back: where MODEL.md §7 says HF stores bf16.
+__device__ __forceinline__ float round_bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of NT threads (NT a multiple of 32, at most 1024); every thread gets the sum.
+// `scratch` holds at least NT/32 floats; the call contains the barriers it needs.
+template <int NT>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  static_assert(NT % 32 == 0 && NT <= 1024, "block_sum: NT must be a multiple of 32");
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (l == 0) scratch[w] = v;
+  __syncthreads();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT / 32; ++i) s += scratch[i];
+  return s;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
+// softplus with PyTorch's threshold: x for x > 20.
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+
+// 16-byte global load through the read-only path.
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+}  // namespace q38
