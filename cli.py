@@ -1,0 +1,287 @@
+"""qwen38gen command line: parse options, call the package, print with rich, set the exit code.
+
+Exit codes: 0 ok; 1 a check or the gate failed; 2 a user's mistake (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from qwen38gen import __version__
+from qwen38gen.errors import UserError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="qwen38gen")
+def cli():
+    """Emit, gate and check the batched CUDA decode program of Qwen3.8-27B."""
+
+
+# ---------------------------------------------------------------------------------------- info
+@cli.command()
+@click.argument("model", default="qwen3.8-27b")
+@click.option("--ctx", default=1024, show_default=True, help="Context length T for the floor.")
+@click.option("--bandwidth", default=4.149e12, show_default=True,
+              help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
+def info(model, ctx, bandwidth):
+    """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL."""
+    from qwen38gen.config import load_config
+
+    cfg = load_config(model)
+    t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("layers", f"{cfg.num_hidden_layers}: {len(cfg.linear_layers)} Gated DeltaNet, "
+                        f"{len(cfg.full_layers)} gated attention, {cfg.mtp_num_hidden_layers} MTP")
+    t.add_row("hidden / intermediate / vocab",
+              f"{cfg.hidden_size} / {cfg.intermediate_size} / {cfg.vocab_size}")
+    t.add_row("attention", f"{cfg.num_attention_heads} q heads, {cfg.num_key_value_heads} kv heads, "
+                           f"head_dim {cfg.head_dim}, rotary {cfg.rotary_dim}")
+    t.add_row("GDN", f"{cfg.linear_num_key_heads} k heads × {cfg.linear_key_head_dim}, "
+                     f"{cfg.linear_num_value_heads} v heads × {cfg.linear_value_head_dim}, "
+                     f"conv {cfg.conv_dim} × {cfg.linear_conv_kernel_dim}")
+    t.add_row("text parameters", f"{cfg.text_params / 1e9:.3f} B")
+    t.add_row("MTP parameters", f"{cfg.mtp_params / 1e9:.3f} B")
+    t.add_row("linear weights (int4 g128)",
+              f"{cfg.linear_params / 1e9:.3f} B params = {_gb(cfg.int4_weight_bytes())}")
+    t.add_row("per-sequence state",
+              f"recurrent {_mib(cfg.recurrent_state_bytes)} fp32 + conv "
+              f"{_mib(cfg.conv_state_bytes)} bf16 + KV {cfg.kv_bytes_per_token // 1024} KiB/token")
+    out.print(t)
+    f = Table(title=f"floor of one decode step, T = {ctx}, copy bandwidth "
+                    f"{bandwidth / 1e12:.3f} TB/s (PERF.md)")
+    for c in ("B", "bytes", "step", "tok/s", "linear TFLOP"):
+        f.add_column(c, justify="right")
+    for b in (1, 16, 64):
+        s = cfg.floor_seconds(b, ctx, bandwidth)
+        f.add_row(str(b), _gb(cfg.floor_bytes(b, ctx)), f"{s * 1e3:.2f} ms", f"{b / s:,.0f}",
+                  f"{cfg.step_flops(b) / 1e12:.3f}")
+    out.print(f)
+
+
+# ------------------------------------------------------------------------------------ quantize
+@cli.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Folder to write the packed int4 model into (must not exist or be empty).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def quantize(model_dir, out_dir, overwrite):
+    """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from qwen38gen.quantize import quantize_checkpoint
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[tensor]}"), console=err) as prog:
+        task = prog.add_task("quantize", total=None, tensor="")
+
+        def progress(done, total, name):
+            prog.update(task, completed=done, total=total, tensor=name)
+
+        quantize_checkpoint(model_dir, out_dir, progress=progress, overwrite=overwrite)
+    out.print(f"wrote {out_dir}")
+
+
+# ------------------------------------------------------------------------------------ generate
+def _parse_prompt(s: str) -> list[int]:
+    try:
+        ids = [int(t) for t in s.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise UserError(f"--prompt {s!r} is not a comma-separated list of token ids") from None
+    if not ids:
+        raise UserError("--prompt is empty; give at least one token id, e.g. --prompt 1,2,3")
+    return ids
+
+
+@cli.command()
+@click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
+@click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
+              help="A checkpoint folder (HF safetensors or `quantize` output); default: "
+                   "seeded synthetic weights.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
+@click.option("--prompt", "prompts", multiple=True, default=("1,2,3,4,5",), show_default=True,
+              help="Token ids, comma-separated; repeat for a batch.")
+@click.option("--steps", default=8, show_default=True, help="Greedy decode steps.")
+@click.option("--int4", "use_int4", is_flag=True, help="Quantize the synthetic weights to int4 "
+                                                      "first (the q4 program's oracle).")
+def generate(model, weights_dir, seed, prompts, steps, use_int4):
+    """Greedy generation with the numpy reference (the oracle), on CPU."""
+    import numpy as np
+
+    from qwen38gen import weights as W
+    from qwen38gen.config import load_config
+    from qwen38gen.reference import Reference
+
+    cfg = load_config(model)
+    if weights_dir is not None:
+        tensors = W.load_any(weights_dir, cfg)
+    else:
+        tensors = W.synthetic_weights(cfg, seed)
+        if use_int4:
+            tensors = W.dequantize_linear(cfg, tensors)
+    if steps < 0:
+        raise UserError(f"--steps {steps} must be ≥ 0")
+    ids = [_parse_prompt(p) for p in prompts]
+    for p in ids:
+        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise UserError(f"token id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1}")
+    ref = Reference(cfg, tensors, dtype=np.float32)
+    gen = ref.generate(ids, steps)
+    t = Table(title=f"reference greedy generation, {cfg.name}, {steps} steps")
+    t.add_column("seq", justify="right")
+    t.add_column("prompt")
+    t.add_column("generated")
+    for i, (p, g) in enumerate(zip(ids, gen)):
+        t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
+    out.print(t)
+
+
+# ---------------------------------------------------------------------------------------- lanes
+@cli.command("lanes")
+def lanes_cmd():
+    """The supported set of lane choices and model dimensions."""
+    from qwen38gen.lanes import supported_table
+
+    t = Table(title="supported lanes")
+    t.add_column("field")
+    t.add_column("supported")
+    for k, v in supported_table():
+        t.add_row(k, v)
+    out.print(t)
+
+
+# ----------------------------------------------------------------------------------------- emit
+@cli.command()
+@click.option("--batch", type=int, required=True, help="B: sequences per step.")
+@click.option("--btg", type=int, default=None, help="Batch tile of the GEMV (default from B).")
+@click.option("--pt", type=int, default=None,
+              help="Prefill chunk width (default: $QWEN38_PT, else 16).")
+@click.option("--mtp", type=int, default=0, show_default=True, help="MTP draft tokens (0: off).")
+@click.option("--arch", default="sm_90", show_default=True)
+@click.option("--lm-head", default="int4", show_default=True, help="lm_head precision.")
+@click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="The .cu to write (default: the lane's name in the current folder).")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the program instead.")
+def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout):
+    """Write the self-contained .cu decode program and its launch manifest."""
+    from qwen38gen.config import load_config
+    from qwen38gen.emit import emit_program, write_program
+    from qwen38gen.lanes import Lanes
+
+    cfg = load_config(model)
+    lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head)
+    prog = emit_program(cfg, lanes)
+    if to_stdout:
+        sys.stdout.write(prog.source)
+        return
+    cu, man = write_program(prog, output)
+    out.print(f"wrote {cu} ({len(prog.source):,} bytes, {len(prog.manifest['kernels'])} kernels) "
+              f"and {man}")
+
+
+# ----------------------------------------------------------------------------------------- gate
+def _gate_table(res) -> Table:
+    t = Table(title=f"{res.source}{'  (cached)' if res.cached else ''}")
+    for c in ("kernel", "regs", "threads", "stack", "spill st/ld", "smem", "status"):
+        t.add_column(c, justify="right" if c not in ("kernel", "status") else "left")
+    for k in res.kernels:
+        p = k.problems()
+        t.add_row(k.name, str(k.registers), str(k.threads or "-"), str(k.stack),
+                  f"{k.spill_stores}/{k.spill_loads}", str(k.smem),
+                  "[red]" + "; ".join(p) + "[/red]" if p else "[green]ok[/green]")
+    return t
+
+
+@cli.command()
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--matrix", is_flag=True, help="Emit and gate the whole lane matrix.")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel nvcc processes.")
+@click.option("--quiet", "-q", is_flag=True, help="Only the summary table.")
+def gate(files, matrix, jobs, quiet):
+    """Compile emitted programs with nvcc; fail on errors, spills, stack or too many registers."""
+    from qwen38gen import gate as G
+
+    if not files and not matrix:
+        raise UserError("give one or more .cu files, or --matrix")
+    failed = False
+    if matrix:
+        from qwen38gen.matrix import run_matrix
+
+        results = run_matrix(jobs=jobs or os.cpu_count() or 1, console=err)
+        t = Table(title="gate matrix")
+        for c in ("lane", "kernels", "max regs", "spills", "stack", "cached", "status"):
+            t.add_column(c)
+        for name, res, problem in results:
+            if res is None:
+                failed = True
+                t.add_row(name, "-", "-", "-", "-", "-", f"[red]{problem}[/red]")
+                continue
+            bad = res.problems
+            failed |= bool(bad)
+            t.add_row(name, str(len(res.kernels)), str(max(k.registers for k in res.kernels)),
+                      str(sum(k.spill_stores + k.spill_loads for k in res.kernels)),
+                      str(sum(k.stack for k in res.kernels)), "yes" if res.cached else "no",
+                      "[red]" + "; ".join(bad) + "[/red]" if bad else "[green]pass[/green]")
+        out.print(t)
+    for f in files:
+        try:
+            res = G.gate_file(f)
+        except G.CompileError as e:
+            failed = True
+            err.print(f"[red]compile error[/red] in {f}\ncommand: {' '.join(e.cmd)}\n"
+                      f"source kept at {e.kept}")
+            err.print(e.log, markup=False)
+            continue
+        except G.ResourceError as e:
+            failed = True
+            out.print(_gate_table(e.result))
+            continue
+        if not quiet:
+            out.print(_gate_table(res))
+        where = ("every entry point resolved on the GPU" if res.loaded
+                 else "no GPU here: cubin not loaded")
+        out.print(f"[green]pass[/green] {f}: {len(res.kernels)} kernels, 0 spills, 0 stack; {where}")
+    sys.exit(1 if failed else 0)
+
+
+def main(argv=None):
+    try:
+        rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)
+        sys.exit(rv if isinstance(rv, int) else 0)
+    except UserError as e:
+        err.print(f"error: {e}", markup=False)
+        sys.exit(2)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        err.print(f"error: {e.format_message()}", markup=False)
+        sys.exit(2)
+    except click.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The compile gate: nvcc only. Compile a .cu to a cubin, parse its resources, fail typed.
+
+A program passes when nvcc compiles it, no kernel spills or keeps a local-memory stack frame, and
+no kernel uses more registers than its launch bound allows (registers × threads ≤ 65536, so one
+block fits an SM). Results are cached by the code (the generated header comment excluded: it
+does not change the compiled bytes), the flags, the nvcc version and the arch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+
+REGISTER_FILE = 65536
+NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas", "-v")
+HEADER_END = "// ---- end of header ----"
+
+
+@dataclass
+class KernelResources:
+    name: str
+    registers: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    smem: int = 0
+    threads: int | None = None  # from the manifest, when there is one
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.spill_stores or self.spill_loads:
+            p.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
+        if self.stack:
+            p.append(f"{self.stack} B local-memory stack frame")
+        if self.threads and self.registers * self.threads > REGISTER_FILE:
+            p.append(f"{self.registers} registers × {self.threads} threads > {REGISTER_FILE}")
+        return p
+
+
+@dataclass
+class GateResult:
+    source: str
+    cubin: str
+    cached: bool
+    kernels: list[KernelResources] = field(default_factory=list)
+    loaded: bool | None = None  # True: every manifest entry resolved on a GPU; None: no GPU
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{k.name}: {p}" for k in self.kernels for p in k.problems()]
+
+
+class GateError(Exception):
+    """The program did not pass: a compile error or a resource problem. Exit code 1."""
+
+
+class CompileError(GateError):
+    def __init__(self, cmd: list[str], log: str, kept: str):
+        self.cmd, self.log, self.kept = cmd, log, kept
+        super().__init__(f"nvcc failed on {kept}\ncommand: {' '.join(cmd)}\n{log}")
+
+
+class ResourceError(GateError):
+    def __init__(self, result: GateResult):
+        self.result = result
+        super().__init__(f"{result.source}: " + "; ".join(result.problems))
+
+
+def nvcc_path() -> str:
+    p = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                 if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if not p:
+        raise UserError("nvcc not found on PATH (nor /usr/local/cuda/bin/nvcc); "
+                        "install the CUDA toolkit (13.0) or put nvcc on PATH")
+    return p
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release [\d.]+, V[\d.]+", out)
+    return m.group(0) if m else out.strip().splitlines()[-1]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("QWEN38_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "qwen38gen")
+    return Path(base) / "gate"
+
+
+def code_of(source: str) -> str:
+    """The source less its generated header comment (which names the lanes, not the code)."""
+    i = source.find(HEADER_END)
+    return source[i + len(HEADER_END):] if i >= 0 else source
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> list[KernelResources]:
+    """Resources per entry function from `-Xptxas -v` output."""
+    ks: list[KernelResources] = []
+    cur = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            cur = KernelResources(m.group(1))
+            ks.append(cur)
+        elif cur is not None and (m := _FRAME.search(line)):
+            cur.stack, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+        elif cur is not None and (m := _USED.search(line)):
+            cur.registers = int(m.group(1))
+            cur.smem = int(m.group(2) or 0)
+    return ks
+
+
+def _manifest_threads(manifest: dict | None) -> dict[str, int]:
+    if not manifest:
+        return {}
+    return {name: k["block"][0] * k["block"][1] * k["block"][2]
+            for name, k in manifest.get("kernels", {}).items()}
+
+
+def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict | None = None,
+                   include_dirs: tuple[str, ...] = ()) -> GateResult:
+    """Compile source text (cached) and return its resources; raise CompileError on failure."""
+    nvcc = nvcc_path()
+    flags = [f"-arch={arch}", *NVCC_FLAGS, *[f"-I{d}" for d in include_dirs]]
+    key = hashlib.sha256("\0".join(
+        [code_of(source), " ".join(flags), nvcc_version(nvcc), arch]).encode()).hexdigest()[:24]
+    slot = cache_dir() / key
+    cubin, logf = slot / "program.cubin", slot / "ptxas.log"
+    cached = cubin.exists() and logf.exists()
+    if not cached:
+        slot.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=slot.parent) as tmp:
+            src = Path(tmp) / (Path(name).stem + ".cu")
+            src.write_text(source)
+            out = Path(tmp) / "program.cubin"
+            cmd = [nvcc, *flags, "-o", str(out), str(src)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            log = proc.stdout + proc.stderr
+            if proc.returncode != 0:
+                kept = slot.parent / f"failed-{key}.cu"
+                kept.write_text(source)
+                raise CompileError(cmd, log, str(kept))
+            (Path(tmp) / "ptxas.log").write_text(log)
+            try:
+                os.replace(tmp, slot)  # atomic publish of the whole slot
+            except OSError:
+                pass  # another process published the same key first
+            os.makedirs(tmp, exist_ok=True)  # let TemporaryDirectory clean up quietly
+    kernels = parse_ptxas(logf.read_text())
+    threads = _manifest_threads(manifest)
+    for k in kernels:
+        k.threads = threads.get(k.name)
+    return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels)
+
+
+def load_manifest(cu_path: Path) -> dict | None:
+    m = cu_path.with_suffix(".manifest.json")
+    return json.loads(m.read_text()) if m.exists() else None
+
+
+def gpu_resolve(result: GateResult, manifest: dict | None) -> bool | None:
+    """Where PyCUDA and a GPU exist, load the cubin and resolve every manifest entry point."""
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        if drv.Device.count() == 0:
+            return None
+    except Exception:
+        return None
+    ctx = drv.Device(0).make_context()
+    try:
+        mod = drv.module_from_file(result.cubin)
+        names = list((manifest or {}).get("kernels", {})) or [k.name for k in result.kernels]
+        for n in names:
+            mod.get_function(n)
+        return True
+    finally:
+        ctx.pop()
+
+
+def gate_file(path: str | Path, arch: str | None = None) -> GateResult:
+    """Gate one emitted .cu (its manifest beside it gives the launch bounds and the arch)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"no such file {str(p)!r}; emit one with `qwen38gen emit`")
+    manifest = load_manifest(p)
+    arch = arch or (manifest or {}).get("lanes", {}).get("arch", "sm_90")
+    res = compile_source(p.read_text(), p.name, arch=arch, manifest=manifest)
+    res.source = str(p)
+    if res.problems:
+        raise ResourceError(res)
+    res.loaded = gpu_resolve(res, manifest)
+    return res
+
+
+def result_dict(res: GateResult) -> dict:
+    return {"source": res.source, "cached": res.cached, "loaded": res.loaded,
+            "kernels": [asdict(k) for k in res.kernels]}

@@ -1,0 +1,138 @@
+"""Lanes: every emit-time choice in one frozen dataclass, its validation, its one name.
+
+The supported set is the table ``SUPPORTED``; validation and the emitter read the same table, and
+a rejection names the field, the value and what is allowed, before any file is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from .config import ModelConfig
+from .errors import UserError
+
+PT_ENV = "QWEN38_PT"
+DEFAULT_PT = 16
+
+# The supported set. Integer ranges are inclusive.
+SUPPORTED = {
+    "batch": range(1, 257),
+    "btg": (8, 16, 32, 64),
+    "pt": range(1, 129),
+    "q4": (True,),
+    "mtp": (0, 1, 2, 3, 4),
+    "arch": ("sm_90",),
+    "lm_head": ("int4",),
+}
+
+# Model geometry the kernels are written for (the 27B per-head geometry; widths are free).
+MODEL_SUPPORT = {
+    "linear_key_head_dim": (128,),
+    "linear_value_head_dim": (128,),
+    "head_dim": (256,),
+    "rotary_dim": (64,),
+    "linear_conv_kernel_dim": (4,),
+}
+MULTIPLE_OF_128 = ("hidden_size", "intermediate_size", "linear_value_dim", "q_dim", "conv_dim")
+
+
+def _describe(allowed) -> str:
+    if isinstance(allowed, range):
+        return f"{allowed.start}..{allowed.stop - 1}"
+    return ", ".join(str(a) for a in allowed)
+
+
+def default_btg(batch: int) -> int:
+    """The smallest supported batch tile that holds min(batch, 32) sequences."""
+    want = min(batch, 32)
+    return next(t for t in SUPPORTED["btg"] if t >= want)
+
+
+def max_btg(batch: int) -> int:
+    """A tile larger than the smallest one that holds the whole batch only wastes registers."""
+    return next(t for t in SUPPORTED["btg"] if t >= min(batch, SUPPORTED["btg"][-1]))
+
+
+def pt_from_env() -> int:
+    """The prefill chunk width from QWEN38_PT, else DEFAULT_PT."""
+    raw = os.environ.get(PT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_PT
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"{PT_ENV}={raw!r} is not an integer; "
+                        f"pt must be in {_describe(SUPPORTED['pt'])}") from None
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """One lane choice. ``Lanes.make`` fills the defaults; the constructor validates."""
+
+    batch: int
+    btg: int
+    pt: int
+    q4: bool = True
+    mtp: int = 0
+    arch: str = "sm_90"
+    lm_head: str = "int4"
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            allowed = SUPPORTED[f.name]
+            ok = v in allowed and (type(v) is bool) == (f.name == "q4")
+            if not ok:
+                raise UserError(f"lane {f.name}={v!r} is not supported; "
+                                f"supported {f.name}: {_describe(allowed)}")
+        if self.btg > max_btg(self.batch):
+            raise UserError(
+                f"lane btg={self.btg} is larger than batch={self.batch} needs; "
+                f"for batch {self.batch} the supported btg are "
+                f"{_describe([t for t in SUPPORTED['btg'] if t <= max_btg(self.batch)])}"
+            )
+
+    @classmethod
+    def make(cls, batch: int, btg: int | None = None, pt: int | None = None, **kw) -> "Lanes":
+        """Lanes with defaults: btg from the batch, pt from QWEN38_PT or DEFAULT_PT."""
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch not in SUPPORTED["batch"]:
+            raise UserError(f"lane batch={batch!r} is not supported; "
+                            f"supported batch: {_describe(SUPPORTED['batch'])}")
+        return cls(batch=batch, btg=default_btg(batch) if btg is None else btg,
+                   pt=pt_from_env() if pt is None else pt, **kw)
+
+    @property
+    def name(self) -> str:
+        return lane_name(self)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def lane_name(lanes: Lanes) -> str:
+    """The one name: file names, kernel-name suffixes, cache keys and golden files derive from it."""
+    return (f"b{lanes.batch}-btg{lanes.btg}-pt{lanes.pt}-{'q4' if lanes.q4 else 'bf16'}"
+            f"-mtp{lanes.mtp}-{lanes.arch.replace('_', '')}-lm{lanes.lm_head}")
+
+
+def check_model(cfg: ModelConfig) -> None:
+    """Reject a model whose dimensions the kernels do not support, naming the field."""
+    for key, allowed in MODEL_SUPPORT.items():
+        v = getattr(cfg, key)
+        if v not in allowed:
+            raise UserError(f"model {cfg.name!r}: {key}={v} is not supported by the kernels; "
+                            f"supported {key}: {_describe(allowed)}")
+    for key in MULTIPLE_OF_128:
+        v = getattr(cfg, key)
+        if v % 128:
+            raise UserError(f"model {cfg.name!r}: {key}={v} is not a multiple of 128, "
+                            "which the int4 g128 weights need")
+
+
+def supported_table() -> list[tuple[str, str]]:
+    """(field, allowed) rows for `qwen38gen lanes` and error messages."""
+    rows = [(k, _describe(v)) for k, v in SUPPORTED.items()]
+    rows += [(f"model.{k}", _describe(v)) for k, v in MODEL_SUPPORT.items()]
+    rows += [(f"model.{k}", "multiple of 128") for k in MULTIPLE_OF_128]
+    return rows

@@ -1,0 +1,112 @@
+"""gemv_q4 on the GPU against the numpy product with the dequantized int4 weights.
+
+Fresh random weights and activations per case, NaN-poisoned outputs, batch sizes that are and are
+not multiples of the batch tile, both epilogues, and the batch-invariance the equivalence locks
+rely on (a row's result is bitwise the same whatever batch it is computed in).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen38gen import weights as wq
+from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
+
+# (N, K): the tiny geometry's fused shapes, a 27B-like K, and N not a multiple of 16.
+SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
+          (5120, 17408)]
+TILES = [(1, 1, 8), (1, 2, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4)]  # (MT, NT, KS)
+ROWS = [1, 2, 3, 8, 17, 64]
+
+# bf16 output: each element is rounded once (relative 2^-9); the fp32 sums are far below that.
+TOL = 4e-3
+
+_MODS: dict = {}
+
+
+def _kernel(K: int, mt: int, nt: int, ks: int, epi: int):
+    key = (K, mt, nt, ks, epi)
+    if key not in _MODS:
+        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}"
+        src = f"""
+#include "gemv_q4.cuh"
+extern "C" __global__ void __launch_bounds__({32 * ks})
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R) {{ q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}>(q, s, x, ldx, y, ldy, N, R); }}
+"""
+        _MODS[key] = build(src).get_function(name)
+    return _MODS[key]
+
+
+def _run(fn, qw, sc, x, y, N, R, mt, nt, ks):
+    np_rows = qw.shape[0] * 16
+    grid = (np_rows // (16 * mt), -(-R // (8 * nt)))
+    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
+       np.int32(N), np.int32(R), block=(32 * ks, 1, 1), grid=grid)
+
+
+def _weights(rng, N, K):
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    codes, scales = wq.quantize_int4(w)
+    qweight, sc_tiled = wq.pack_int4(codes, scales)
+    return qweight, sc_tiled, wq.dequantize(qweight, sc_tiled, (N, K)).astype(np.float64)
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_gemv_store_matches_numpy(cuda_ctx, N, K):
+    rng = np.random.default_rng([N, K, 1])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    worst = 0.0
+    for mt, nt, ks in TILES:
+        if (qweight.shape[0]) % mt:
+            continue
+        fn = _kernel(K, mt, nt, ks, 0)
+        for R in ROWS:
+            x = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+            y = poisoned((R, N), BF16)
+            _run(fn, qw_d, sc_d, to_gpu(x), y, N, R, mt, nt, ks)
+            got = y.get().astype(np.float64)
+            ref = x.astype(np.float64) @ wdq.T
+            e = rel_err(got, ref)
+            worst = max(worst, e)
+            assert e < TOL, f"N={N} K={K} tile={mt, nt, ks} R={R}: rel err {e:.2e}"
+    print(f"gemv_q4 store N={N} K={K}: worst rel err {worst:.2e} over tiles {TILES} R {ROWS}")
+
+
+@pytest.mark.parametrize("N,K", [(512, 1024), (5120, 17408)])
+def test_gemv_residual_add(cuda_ctx, N, K):
+    rng = np.random.default_rng([N, K, 2])
+    qweight, sc, wdq = _weights(rng, N, K)
+    fn = _kernel(K, 1, 2, 8, 1)
+    for R in (1, 3, 17):
+        x = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+        res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+        y = to_gpu(res)
+        _run(fn, to_gpu(qweight), to_gpu(sc), to_gpu(x), y, N, R, 1, 2, 8)
+        prod = (x.astype(np.float64) @ wdq.T).astype(np.float32).astype(BF16)
+        ref = (res.astype(np.float32) + prod.astype(np.float32)).astype(BF16)
+        e = rel_err(y.get(), ref)
+        # Two bf16 roundings (the product, then the sum), as HF does.
+        assert e < 2 * TOL, f"R={R}: rel err {e:.2e}"
+        print(f"gemv_q4 add N={N} K={K} R={R}: rel err {e:.2e}")
+
+
+def test_gemv_batch_invariant_bitwise(cuda_ctx):
+    """Row r's output is bitwise identical whether the launch has 1 row or 64."""
+    N, K = 1280 + 768 + 32, 512
+    rng = np.random.default_rng(3)
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    x = rng.standard_normal((64, K)).astype(np.float32).astype(BF16)
+    for mt, nt, ks in TILES:
+        fn = _kernel(K, mt, nt, ks, 0)
+        full = poisoned((64, N), BF16)
+        _run(fn, qw_d, sc_d, to_gpu(x), full, N, 64, mt, nt, ks)
+        full = full.get()
+        for r in (0, 5, 63):
+            one = poisoned((1, N), BF16)
+            _run(fn, qw_d, sc_d, to_gpu(x[r:r + 1]), one, N, 1, mt, nt, ks)
+            assert np.array_equal(one.get().view(np.uint16), full[r:r + 1].view(np.uint16)), \
+                f"tile {mt, nt, ks}: row {r} differs between R=1 and R=64"
