@@ -1,0 +1,184 @@
+"""Streaming int4 g128 quantizer and the reader of its output (docs/FORMAT.md "Files").
+
+``quantize_checkpoint`` reads an HF checkpoint one tensor at a time, packs every linear weight
+(``ModelConfig.is_int4``) into ``NAME.qweight`` / ``NAME.scales`` / ``NAME.shape`` and copies the
+rest, writing shards as they fill so RAM stays at about one shard. ``load_quantized`` reads the
+result back; ``dequantized_weights`` turns it into HF-named float32 tensors for the numpy
+reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .config import ModelConfig, load_config
+from .errors import UserError
+from .weights import (
+    DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
+    check_packed, dequantize, quantize_pack,
+)
+
+FORMAT_NAME = "qwen38gen-int4-g128-tile16x64"
+FORMAT_VERSION = 1
+QUANT_JSON = "quantization.json"
+QUANT_META = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "group_size": 128}
+
+# NAME.weight -> NAME.qweight / NAME.scales / NAME.shape
+_SUFFIXES = ("qweight", "scales", "shape")
+
+
+def _base(name: str) -> str:
+    """``…q_proj.weight`` -> ``…q_proj`` (FORMAT.md calls it NAME)."""
+    assert name.endswith(".weight"), name
+    return name[: -len(".weight")]
+
+
+@dataclass
+class QuantizedTensor:
+    """One packed linear weight: ``qweight uint32 [Np/16, K/64, 32, 4]``,
+    ``scales bf16 [Np/16, K/128, 16]``, ``shape = (N, K)`` (unpadded)."""
+
+    qweight: np.ndarray
+    scales: np.ndarray
+    shape: tuple[int, int]
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K]."""
+        return dequantize(self.qweight, self.scales, self.shape)
+
+
+def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
+                        progress: Callable[[int, int, str], None] | None = None,
+                        max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
+                        mtp: bool = True) -> Path:
+    """Quantize the HF checkpoint in ``src_dir`` into ``out_dir`` (FORMAT.md "Files").
+
+    The config comes from ``src_dir/config.json``; the checkpoint is validated against it first
+    (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written).
+    Only the text tensors of the config are written (vision tensors are skipped).
+    ``progress(done, total, name)`` is called after each tensor. Atomic: written into a temp
+    folder next to ``out_dir`` and renamed; an existing non-empty ``out_dir`` is refused unless
+    ``overwrite``. Returns ``out_dir``.
+    """
+    src = Path(src_dir)
+    if not src.is_dir():
+        raise UserError(f"checkpoint folder {str(src)!r} does not exist or is not a folder")
+    if not (src / "config.json").is_file():
+        raise UserError(f"checkpoint folder {str(src)!r} has no config.json")
+    cfg = load_config(src)
+    reader = CheckpointReader(src)
+    check_tensors(cfg, reader, mtp=mtp)
+    mtp_names = set(cfg.mtp_shapes())
+    names = [n for n in cfg.tensor_shapes(mtp=True)
+             if n in reader and (mtp or n not in mtp_names)]
+    # Fail on K % 128 before any work is done.
+    shapes = cfg.tensor_shapes(mtp=True)
+    for n in names:
+        if cfg.is_int4(n, shapes[n]) and shapes[n][1] % 128:
+            raise UserError(f"tensor {n!r} has shape {list(shapes[n])}: int4 g128 needs K (the "
+                            f"input dimension, {shapes[n][1]}) to be a multiple of 128; "
+                            f"config {cfg.name!r} cannot be quantized")
+    out = Path(out_dir)
+    if out.absolute() == src.absolute():
+        raise UserError(f"output folder {str(out)!r} is the source folder; choose another")
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        w = ShardWriter(tmp, max_shard_bytes)
+        for i, n in enumerate(names, 1):
+            a = reader.get(n)
+            if cfg.is_int4(n, a.shape):
+                qw, st = quantize_pack(a, n)
+                b = _base(n)
+                w.add({b + ".qweight": qw, b + ".scales": st,
+                       b + ".shape": np.array(a.shape, dtype=np.int64)})
+            else:
+                w.add({n: a})
+            del a
+            if progress is not None:
+                progress(i, len(names), n)
+        w.close()
+        shutil.copyfile(src / "config.json", tmp / "config.json")
+        (tmp / QUANT_JSON).write_text(json.dumps(QUANT_META, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _read_quant_meta(d: Path) -> dict:
+    p = d / QUANT_JSON
+    if not p.is_file():
+        raise UserError(f"{str(d)!r} is not a quantized checkpoint: {QUANT_JSON} is missing "
+                        "(make one with `qwen38gen quantize`)")
+    try:
+        meta = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{str(p)!r} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise UserError(f"{str(p)!r}: format {got!r} is not supported; expected {FORMAT_NAME!r}")
+    if meta.get("version") != FORMAT_VERSION or meta.get("group_size") != 128:
+        raise UserError(f"{str(p)!r}: version {meta.get('version')!r}, group_size "
+                        f"{meta.get('group_size')!r} are not supported; expected version "
+                        f"{FORMAT_VERSION}, group_size 128 (re-run `qwen38gen quantize`)")
+    return meta
+
+
+def load_quantized(out_dir: str | Path,
+                   cfg: ModelConfig | None = None) -> dict[str, "QuantizedTensor | np.ndarray"]:
+    """Read a quantized checkpoint: HF name -> ``QuantizedTensor`` (linear weights) or array.
+
+    Checks ``quantization.json`` and that every tensor of the config (``out_dir/config.json``
+    unless ``cfg`` is given) is present with the right shape; MTP tensors are required when any
+    is present. Raises UserError naming what is wrong.
+    """
+    d = Path(out_dir)
+    if not d.is_dir():
+        raise UserError(f"quantized checkpoint folder {str(d)!r} does not exist")
+    _read_quant_meta(d)
+    if cfg is None:
+        cfg = load_config(d)
+    r = CheckpointReader(d)
+    have = set(r.names())
+    shapes = cfg.tensor_shapes(mtp=True)
+    has_mtp = any(n.startswith("mtp.") for n in have)
+    out: dict[str, QuantizedTensor | np.ndarray] = {}
+    for n, want in shapes.items():
+        if n.startswith("mtp.") and not has_mtp:
+            continue
+        if cfg.is_int4(n, want):
+            keys = [f"{_base(n)}.{s}" for s in _SUFFIXES]
+            for k in keys:
+                if k not in have:
+                    raise UserError(f"quantized checkpoint {str(d)!r} is missing tensor {k!r}")
+            shape = tuple(int(v) for v in r.get(keys[2]))
+            if shape != tuple(want):
+                raise UserError(f"quantized checkpoint {str(d)!r}: tensor {n!r} has shape "
+                                f"{list(shape)}, expected {list(want)}")
+            qt = QuantizedTensor(r.get(keys[0]), r.get(keys[1]), shape)
+            try:  # the packed arrays must fit the shape
+                check_packed(qt.qweight, qt.scales, shape)
+            except UserError as e:
+                raise UserError(f"quantized checkpoint {str(d)!r}: tensor {n!r}: {e}") from None
+            out[n] = qt
+        else:
+            if n not in have:
+                raise UserError(f"quantized checkpoint {str(d)!r} is missing tensor {n!r}")
+            if r.shape(n) != tuple(want):
+                raise UserError(f"quantized checkpoint {str(d)!r}: tensor {n!r} has shape "
+                                f"{list(r.shape(n))}, expected {list(want)}")
+            out[n] = r.get(n)
+    return out
+
+
+def dequantized_weights(src: "str | Path | dict") -> dict[str, np.ndarray]:
+    """HF-named float32 tensors from a quantized folder or ``load_quantized``'s dict.
+
+    Linear weights are ``q * s`` (exact in fp32); the other tensors are cast to float32.
+    """
+    loaded = load_quantized(src) if isinstance(src, (str, Path)) else src
+    return {n: (v.dequantize() if isinstance(v, QuantizedTensor)
+                else np.asarray(v).astype(np.float32))
+            for n, v in loaded.items()}
