@@ -7,11 +7,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUTDIR ?= out
 
-.PHONY: venv test run gate device clean
+.PHONY: venv test run gate device device-prep clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	# torch==2.13.0 is the CPU build on these machines; pinning it keeps pip from pulling CUDA.
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
@@ -19,7 +18,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q || { rc=$$?; [ $$rc -eq 5 ] && echo "pytest collected no tests: failing"; exit $$rc; }
 
 run: $(STAMP)
 	$(VENV)/bin/qwen38gen info tiny
@@ -30,6 +29,11 @@ run: $(STAMP)
 gate: $(STAMP)
 	$(VENV)/bin/qwen38gen gate --matrix
 
+# Copy PyCUDA's wheels next to the checkout (git-ignored .gpu/) so a device run can carry them.
+device-prep:
+	mkdir -p .gpu && cp ../shared/device/*.whl .gpu/
+
+# Run on the GPU machine: PyCUDA install, GPU tests, summary table.
 device:
 	bash scripts/device.sh
 

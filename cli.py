@@ -18,7 +18,7 @@ from qwen38gen import __version__
 from qwen38gen.errors import UserError
 
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _gb(x: float) -> str:
@@ -126,17 +126,18 @@ def generate(model, weights_dir, seed, prompts, steps, use_int4):
     """Greedy generation with the numpy reference (the oracle), on CPU."""
     import numpy as np
 
-    from qwen38gen import weights as W
     from qwen38gen.config import load_config
+    from qwen38gen.quantize import int4_weights, load_any
     from qwen38gen.reference import Reference
+    from qwen38gen.weights import synthetic_weights
 
     cfg = load_config(model)
     if weights_dir is not None:
-        tensors = W.load_any(weights_dir, cfg)
+        tensors = load_any(weights_dir, cfg)
     else:
-        tensors = W.synthetic_weights(cfg, seed)
+        tensors = synthetic_weights(cfg, seed)
         if use_int4:
-            tensors = W.dequantize_linear(cfg, tensors)
+            tensors = int4_weights(cfg, tensors)
     if steps < 0:
         raise UserError(f"--steps {steps} must be ≥ 0")
     ids = [_parse_prompt(p) for p in prompts]

@@ -182,3 +182,27 @@ def dequantized_weights(src: "str | Path | dict") -> dict[str, np.ndarray]:
     return {n: (v.dequantize() if isinstance(v, QuantizedTensor)
                 else np.asarray(v).astype(np.float32))
             for n, v in loaded.items()}
+
+
+def int4_weights(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """In memory: every linear weight replaced by its int4 g128 dequantization (float32), the rest
+    cast to float32. This is what the q4 program computes with, so it is the q4 oracle's input."""
+    shapes = cfg.tensor_shapes()
+    out = {}
+    for n, v in tensors.items():
+        if n in shapes and cfg.is_int4(n, shapes[n]):
+            q, s = quantize_pack(np.asarray(v, dtype=np.float32), n)
+            out[n] = dequantize(q, s, v.shape)
+        else:
+            out[n] = np.asarray(v).astype(np.float32)
+    return out
+
+
+def load_any(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Float32 tensors from an HF checkpoint or a `quantize` output folder (dequantized)."""
+    from .weights import load_checkpoint
+
+    d = Path(model_dir)
+    if (d / QUANT_JSON).exists():
+        return dequantized_weights(load_quantized(d, cfg))
+    return {n: np.asarray(v).astype(np.float32) for n, v in load_checkpoint(d, cfg).items()}
