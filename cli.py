@@ -87,8 +87,12 @@ def quantize(model_dir, out_dir, overwrite):
     """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from qwen38gen.config import load_config
     from qwen38gen.quantize import quantize_checkpoint
 
+    if not model_dir.is_dir():
+        raise UserError(f"checkpoint folder {str(model_dir)!r} does not exist or is not a folder")
+    load_config(model_dir)  # a bad config.json fails here, before the progress bar starts
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[tensor]}"), console=err) as prog:
         task = prog.add_task("quantize", total=None, tensor="")

@@ -1,0 +1,56 @@
+"""The command line as a user meets it: help, version, info, and one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, cwd=None):
+    p = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+                       cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin:/usr/local/bin"})
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_user_error(rc, out, err, pattern):
+    import re
+
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err + out
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_help_and_version():
+    rc, out, _ = run("--help")
+    assert rc == 0 and "emit" in out and "gate" in out and "info" in out
+    rc, out, _ = run("--version")
+    assert rc == 0 and out.startswith("qwen38gen, version ")
+
+
+def test_info_27b():
+    rc, out, _ = run("info", "qwen3.8-27b")
+    assert rc == 0
+    assert "26.896 B" in out          # text parameters (issue: 26.9 B)
+    assert "13.21 GB" in out          # int4 weights (PERF.md W)
+    assert "3.27 ms" in out and "4.63 ms" in out and "8.97 ms" in out  # PERF.md floors
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("info", "qwen9"), r"unknown model 'qwen9'"),
+    (("info", "--ctx", "x"), r"Invalid value for '--ctx'"),
+    (("nosuchcommand",), r"No such command 'nosuchcommand'"),
+    (("generate", "--prompt", "1,a"), r"--prompt '1,a' is not a comma-separated list"),
+    (("generate", "--prompt", "5000"), r"token id 5000 is outside the vocabulary 0\.\.1023"),
+    (("quantize", "/nonexistent/model", "-o", "/tmp/q38-never"), r"/nonexistent/model"),
+])
+def test_user_errors(args, pattern):
+    assert_user_error(*run(*args), pattern)
+
+
+def test_malformed_config_file(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "qwen3_5_text", "hidden_size": 64}))
+    assert_user_error(*run("info", str(p)), r"missing key 'num_hidden_layers'")
