@@ -94,7 +94,7 @@ def quantize(model_dir, out_dir, overwrite):
         raise UserError(f"checkpoint folder {str(model_dir)!r} does not exist or is not a folder")
     load_config(model_dir)  # a bad config.json fails here, before the progress bar starts
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[tensor]}"), console=err) as prog:
+                  TextColumn("{task.fields[tensor]}"), console=err, transient=True) as prog:
         task = prog.add_task("quantize", total=None, tensor="")
 
         def progress(done, total, name):
