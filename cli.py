@@ -208,7 +208,8 @@ def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout):
 def _gate_table(res) -> Table:
     t = Table(title=f"{res.source}{'  (cached)' if res.cached else ''}")
     for c in ("kernel", "regs", "threads", "stack", "spill st/ld", "smem", "status"):
-        t.add_column(c, justify="right" if c not in ("kernel", "status") else "left")
+        t.add_column(c, justify="right" if c not in ("kernel", "status") else "left",
+                     no_wrap=c == "kernel", overflow="fold")
     for k in res.kernels:
         p = k.problems()
         t.add_row(k.name, str(k.registers), str(k.threads or "-"), str(k.stack),

@@ -103,6 +103,7 @@ def emit_program(cfg: ModelConfig, lanes: Lanes) -> Program:
         "kernels": {e.name: e.manifest() for e in plan.entries},
         "buffers": plan.buffers,
         "weights": plan.weights,
+        "tensors": plan.tensors,
         "schedule": plan.schedule,
     }
     return Program(cfg, lanes, source, manifest)

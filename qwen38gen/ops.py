@@ -24,15 +24,23 @@ class Entry:
     params: tuple[tuple[str, str], ...]     # (C type, name), in argument order
     threads: int
     smem: int = 0                           # dynamic shared memory bytes
+    cluster: int = 1                        # thread-block cluster size along x (1: none)
+    min_blocks: int = 0                     # __launch_bounds__ minBlocksPerSM (0: not given)
+    asserts: tuple[str, ...] = ()           # C++ constant expressions that must hold
 
     def render(self) -> str:
         sig = ", ".join(f"{t} {n}" for t, n in self.params)
         args = ", ".join(n for _, n in self.params)
-        return (f'extern "C" __global__ void __launch_bounds__({self.threads})\n'
+        checks = "".join(f'static_assert({a}, "{self.name}: launch shape out of date");\n'
+                         for a in self.asserts)
+        cl = f" __cluster_dims__({self.cluster}, 1, 1)" if self.cluster > 1 else ""
+        lb = f"{self.threads}, {self.min_blocks}" if self.min_blocks else f"{self.threads}"
+        return (f"{checks}"
+                f'extern "C" __global__ void __launch_bounds__({lb}){cl}\n'
                 f"{self.name}({sig}) {{ {self.call}({args}); }}\n")
 
     def manifest(self) -> dict:
-        return {"block": [self.threads, 1, 1], "smem": self.smem,
+        return {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
                 "params": [list(p) for p in self.params], "call": self.call}
 
 
@@ -57,7 +65,10 @@ def gemv_entry(k: int, btg: int, epi: int) -> Entry:
     nt = btg // 8
     return Entry(name=f"q38_gemv_k{k}_m{GEMV_MT}_n{nt}_s{ks}_e{epi}",
                  call=f"q38::gemv_q4<{k}, {GEMV_MT}, {nt}, {ks}, {epi}>",
-                 params=GEMV_PARAMS, threads=32 * ks)
+                 params=GEMV_PARAMS, threads=32 * ks,
+                 # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
+                 # the 4-warp NT=4 instance at 128 and spilled.
+                 min_blocks=1)
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -68,6 +79,7 @@ class Plan:
     entries: list[Entry] = field(default_factory=list)
     buffers: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)
     schedule: dict = field(default_factory=dict)
 
     def entry(self, e: Entry) -> Entry:
@@ -106,3 +118,246 @@ def fused_weights(cfg: ModelConfig) -> dict:
         w[f"L{i}.down"] = fuse([p + "mlp.down_proj.weight"])
     w["lm_head"] = fuse(["lm_head.weight"])
     return w
+
+
+# ------------------------------------------------------------------------------------ other ops
+# Each builder mirrors its header's Launch struct; the emitted entry point static_asserts the
+# mirrored numbers against the C++ ones, so the gate fails if the two ever disagree.
+BF = "const q38::bf16*"
+I32 = "const int*"
+
+
+def rmsnorm_entry(h: int) -> Entry:
+    nt = max(t for t in range(32, 1025, 32) if (h // 8) % t == 0)
+    return Entry(f"q38_rmsnorm_h{h}", f"q38::rmsnorm_1p<{h}, {nt}>",
+                 ((BF, "x"), (BF, "w"), ("q38::bf16*", "y"), ("float", "eps")), nt,
+                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
+
+
+GDN_NS = 2  # column slices per v-head: 2·Hv blocks per sequence keep the SMs busy at B = 1
+
+
+def gdn_launch(cfg: ModelConfig, pt: int) -> dict:
+    dk, dv, hk, hv = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                      cfg.linear_num_key_heads, cfg.linear_num_value_heads)
+    cols = dv // GDN_NS
+    warps = cdiv(cols, 16)
+    threads, cpad = 32 * warps, 16 * warps
+    smem = 4 * pt * (2 * dk + 2 * cpad + 5 + warps)
+    return {"threads": threads, "smem": smem, "cluster": (hv // hk) * GDN_NS,
+            "blocks_per_seq": hv * GDN_NS}
+
+
+def gdn_entry(cfg: ModelConfig, pt: int) -> Entry:
+    dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                         cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                         cfg.linear_conv_kernel_dim)
+    L = gdn_launch(cfg, pt)
+    targs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}, {GDN_NS}"
+    return Entry(
+        f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>",
+        ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
+         (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"), ("const float*", "norm_w"),
+         ("float", "eps"), ("q38::bf16*", "ring"), ("float*", "state"), (I32, "pos"),
+         (I32, "ntok"), ("q38::bf16*", "out")),
+        L["threads"], smem=L["smem"], cluster=L["cluster"],
+        asserts=(f"q38::GdnLaunch<{targs}>::threads == {L['threads']}",
+                 f"q38::GdnLaunch<{targs}>::smem_bytes == {L['smem']}",
+                 f"q38::GdnLaunch<{targs}>::cluster == {L['cluster']}"))
+
+
+def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
+    d, rd, h, hkv = cfg.head_dim, cfg.rotary_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    targs = f"{d}, {rd}, {h}, {hkv}, {pt}"
+    return Entry(
+        f"q38_attn_prep_pt{pt}", f"q38::attn_prep<{targs}>",
+        ((BF, "qkv"), ("int", "ld"), (BF, "q_norm"), (BF, "k_norm"), ("float", "eps"),
+         ("float", "theta"), (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "qbuf"),
+         ("q38::bf16*", "kc"), ("q38::bf16*", "vc"), ("int", "tmax")),
+        256, asserts=(f"q38::AttnPrepLaunch<{targs}>::threads == 256",
+                      f"q38::AttnPrepLaunch<{targs}>::grid_y == {cdiv(h + 2 * hkv, 8)}"))
+
+
+def attn_entry(cfg: ModelConfig, pt: int) -> Entry:
+    d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    targs = f"{d}, {h}, {hkv}, {pt}"
+    return Entry(
+        f"q38_attn_pt{pt}", f"q38::attn<{targs}>",
+        ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
+         (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "o")),
+        256, asserts=(f"q38::AttnLaunch<{targs}>::threads == 256",))
+
+
+def embed_entry(h: int) -> Entry:
+    return Entry(f"q38_embed_h{h}", f"q38::embed_gather<{h}>",
+                 ((BF, "E"), (I32, "tok"), ("q38::bf16*", "x")), 128,
+                 asserts=(f"q38::EmbedLaunch<{h}>::threads == 128",))
+
+
+def swiglu_entry(f: int) -> Entry:
+    return Entry(f"q38_swiglu_f{f}", f"q38::swiglu<{f}>",
+                 ((BF, "gu"), ("q38::bf16*", "h")), 256,
+                 asserts=(f"q38::SwigluLaunch<{f}>::threads == 256",))
+
+
+def argmax_entry(v: int) -> Entry:
+    return Entry(f"q38_argmax_v{v}", f"q38::argmax_rows<q38::bf16, {v}>",
+                 ((BF, "logits"), ("int*", "idx"), ("float*", "val")), 1024,
+                 asserts=(f"q38::ArgmaxLaunch<q38::bf16, {v}>::threads == 1024",))
+
+
+def gather_last_entry(h: int, pt: int) -> Entry:
+    return Entry(f"q38_gather_last_h{h}_pt{pt}", f"q38::gather_last<{h}, {pt}>",
+                 ((BF, "x"), (I32, "ntok"), ("q38::bf16*", "y")), 128)
+
+
+def advance_entry() -> Entry:
+    return Entry("q38_advance_pos", "q38::advance_pos",
+                 (("int*", "pos"), (I32, "ntok"), ("int", "B")), 128)
+
+
+# ------------------------------------------------------------------------------------ program
+HEADERS = ["common.cuh", "gemv_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
+           "elementwise.cuh", "rows.cuh"]
+
+# Tensors uploaded as they are (not int4), with the dtype the kernels read them in.
+RAW_DTYPES = {"A_log": "float32", "linear_attn.norm.weight": "float32"}
+
+
+def raw_dtype(name: str) -> str:
+    for suffix, dt in RAW_DTYPES.items():
+        if name.endswith(suffix):
+            return dt
+    return "bfloat16"
+
+
+def buf(name: str, off: int = 0, per_tmax: int = 0) -> list:
+    return ["buf", name, off, per_tmax]
+
+
+def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
+    """Entries, buffers, weights and the decode / prefill schedules for cfg at these lanes."""
+    B, btg = lanes.batch, lanes.btg
+    H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
+    D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    eps = cfg.rms_norm_eps
+    plan = Plan(headers=list(HEADERS))
+    plan.weights = fused_weights(cfg)
+    n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
+    pts = sorted({1, lanes.pt})
+    rmax = B * max(pts)
+    plan.constants = [("Q38_BATCH", B), ("Q38_BTG", btg), ("Q38_PT", lanes.pt),
+                      ("Q38_MTP", lanes.mtp)]
+    ba_off = pad16(hv)
+    lg = {i: n for n, i in enumerate(cfg.linear_layers)}
+    la = {i: n for n, i in enumerate(cfg.full_layers)}
+    kv_layer = B * Hkv * D  # elements per cached position of one layer
+
+    plan.buffers = {
+        "tokens": {"dtype": "int32", "shape": [rmax]},
+        "pos": {"dtype": "int32", "shape": [B]},
+        "ntok": {"dtype": "int32", "shape": [B]},
+        "x": {"dtype": "bfloat16", "shape": [rmax, H]},
+        "h": {"dtype": "bfloat16", "shape": [rmax, H]},
+        "proj": {"dtype": "bfloat16", "shape": [rmax, n_in]},
+        "o": {"dtype": "bfloat16", "shape": [rmax, max(Cv, cfg.q_dim)]},
+        "qbuf": {"dtype": "bfloat16", "shape": [rmax, cfg.q_dim]},
+        "gu": {"dtype": "bfloat16", "shape": [rmax, 2 * F]},
+        "act": {"dtype": "bfloat16", "shape": [rmax, F]},
+        "hlast": {"dtype": "bfloat16", "shape": [B, H]},
+        "logits": {"dtype": "bfloat16", "shape": [B, V]},
+        "next": {"dtype": "int32", "shape": [B]},
+        "nextval": {"dtype": "float32", "shape": [B]},
+        "conv": {"dtype": "bfloat16", "state": True,
+                 "shape": [len(cfg.linear_layers), B, cfg.linear_conv_kernel_dim - 1, C]},
+        "rec": {"dtype": "float32", "state": True,
+                "shape": [len(cfg.linear_layers), B, hv, cfg.linear_key_head_dim,
+                          cfg.linear_value_head_dim]},
+        # Tmax is chosen at run time: shape entry "Tmax" is replaced by it.
+        "kc": {"dtype": "bfloat16", "state": True, "shape": [len(cfg.full_layers), B, Hkv, "Tmax", D]},
+        "vc": {"dtype": "bfloat16", "state": True, "shape": [len(cfg.full_layers), B, Hkv, "Tmax", D]},
+    }
+    raw = [n for n, s in cfg.tensor_shapes(mtp=False).items() if not cfg.is_int4(n, s)]
+    plan.tensors = {n: raw_dtype(n) for n in raw}
+
+    def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
+        """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the batch."""
+        w = plan.weights[wname]
+        e = plan.entry(gemv_entry(w["k"], btg, epi))
+        n_out = w["rows"]
+        return {"k": e.name, "grid": [n_out // (16 * GEMV_MT), cdiv(R, btg), 1],
+                "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
+                         ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
+
+    def step(pt: int) -> list[dict]:
+        R = B * pt
+        s: list[dict] = []
+        e = plan.entry(embed_entry(H))
+        s.append({"k": e.name, "grid": [R, 1, 1],
+                  "args": [["t", "model.language_model.embed_tokens.weight"], buf("tokens"),
+                           buf("x")]})
+        norm = plan.entry(rmsnorm_entry(H))
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.language_model.layers.{i}."
+            s.append({"k": norm.name, "grid": [R, 1, 1],
+                      "args": [buf("x"), ["t", p + "input_layernorm.weight"], buf("h"),
+                               ["f32", eps]]})
+            s.append(gemv(f"L{i}.in", "h", "proj", n_in, R, 0))
+            if i in lg:
+                la_ = p + "linear_attn."
+                g = plan.entry(gdn_entry(cfg, pt))
+                L = gdn_launch(cfg, pt)
+                s.append({"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
+                          "args": [buf("proj"), ["i32", n_in], buf("proj", C + Cv), ["i32", n_in],
+                                   ["i32", ba_off], ["t", la_ + "conv1d.weight"],
+                                   ["t", la_ + "A_log"], ["t", la_ + "dt_bias"],
+                                   ["t", la_ + "norm.weight"], ["f32", eps],
+                                   buf("conv", lg[i] * B * (cfg.linear_conv_kernel_dim - 1) * C),
+                                   buf("rec", lg[i] * B * hv * cfg.linear_key_head_dim
+                                       * cfg.linear_value_head_dim),
+                                   buf("pos"), buf("ntok"), buf("o")]})
+            else:
+                sa = p + "self_attn."
+                ap = plan.entry(attn_prep_entry(cfg, pt))
+                at = plan.entry(attn_entry(cfg, pt))
+                kv = lambda name: buf(name, 0, la[i] * kv_layer)
+                s.append({"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
+                          "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
+                                   ["t", sa + "k_norm.weight"], ["f32", eps],
+                                   ["f32", cfg.rope_theta], buf("pos"), buf("ntok"), buf("qbuf"),
+                                   kv("kc"), kv("vc"), ["tmax"]]})
+                s.append({"k": at.name, "grid": [B * Hkv, pt, 1],
+                          "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kv("kc"), kv("vc"),
+                                   ["tmax"], buf("pos"), buf("ntok"), buf("o")]})
+            s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=plan.buffers["o"]["shape"][1]))
+            s.append({"k": norm.name, "grid": [R, 1, 1],
+                      "args": [buf("x"), ["t", p + "post_attention_layernorm.weight"], buf("h"),
+                               ["f32", eps]]})
+            s.append(gemv(f"L{i}.gate_up", "h", "gu", 2 * F, R, 0))
+            sw = plan.entry(swiglu_entry(F))
+            s.append({"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
+                      "args": [buf("gu"), buf("act")]})
+            s.append(gemv(f"L{i}.down", "act", "x", H, R, 1))
+        s.append({"k": norm.name, "grid": [R, 1, 1],
+                  "args": [buf("x"), ["t", "model.language_model.norm.weight"], buf("h"),
+                           ["f32", eps]]})
+        src = "h"
+        if pt > 1:
+            gl = plan.entry(gather_last_entry(H, pt))
+            s.append({"k": gl.name, "grid": [B, 1, 1],
+                      "args": [buf("h"), buf("ntok"), buf("hlast")]})
+            src = "hlast"
+        s.append(gemv("lm_head", src, "logits", V, B, 0))
+        am = plan.entry(argmax_entry(V))
+        s.append({"k": am.name, "grid": [B, 1, 1],
+                  "args": [buf("logits"), buf("next"), buf("nextval")]})
+        adv = plan.entry(advance_entry())
+        s.append({"k": adv.name, "grid": [cdiv(B, 128), 1, 1],
+                  "args": [buf("pos"), buf("ntok"), ["i32", B]]})
+        return s
+
+    plan.schedule = {"decode": step(1)}
+    plan.schedule["prefill"] = step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
+    plan.schedule["prefill_pt"] = lanes.pt
+    return plan
