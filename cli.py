@@ -270,6 +270,156 @@ def gate(files, matrix, jobs, quiet):
     sys.exit(1 if failed else 0)
 
 
+# ------------------------------------------------------------------------------ run / golden
+def _lanes_options(f):
+    for opt in reversed([
+        click.option("--batch", type=int, default=16, show_default=True, help="B."),
+        click.option("--btg", type=int, default=None, help="Batch tile (default from B)."),
+        click.option("--pt", type=int, default=None, help="Prefill chunk ($QWEN38_PT, else 16)."),
+        click.option("--mtp", type=int, default=0, show_default=True, help="MTP draft tokens."),
+        click.option("--arch", default="sm_90", show_default=True),
+        click.option("--lm-head", default="int4", show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _make_lanes(batch, btg, pt, mtp, arch, lm_head):
+    from qwen38gen.lanes import Lanes
+
+    return Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head)
+
+
+def _read_prompts(path: Path, vocab: int) -> list[list[int]]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"prompts file {str(path)!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"prompts file {str(path)!r} is not valid JSON: {e}") from None
+    ok = (isinstance(data, list) and data and all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        for p in data))
+    if not ok:
+        raise UserError(f"prompts file {str(path)!r} must be a JSON list of non-empty lists of "
+                        "token ids, e.g. [[1, 2, 3], [7]]")
+    for i, p in enumerate(data):
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise UserError(f"prompt {i}: token id {bad[0]} is outside the vocabulary 0..{vocab - 1}")
+    return data
+
+
+@cli.command()
+@click.option("--model", default="tiny", show_default=True, help="Preset, config.json or folder.")
+@click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint folder (HF or `quantize` output); default: synthetic, seeded.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
+              help="JSON list of token-id lists, one per sequence.")
+@click.option("--steps", type=int, default=16, show_default=True, help="New tokens per sequence.")
+@click.option("--ctx", type=int, default=None, help="Max context (default: longest prompt + steps).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
+              help="Write ids and per-step top-k logits here (format: docs/RUN_FORMAT.md).")
+@_lanes_options
+def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw):
+    """Run the emitted program on the GPU: prefill the prompts, greedy-decode STEPS tokens."""
+    from qwen38gen.check import default_tensors, run_batches
+    from qwen38gen.config import load_config
+    from qwen38gen.emit import _atomic_write
+    from qwen38gen.quantize import load_any, load_quantized
+
+    cfg = load_config(model)
+    lanes = _make_lanes(**lane_kw)
+    prompts = _read_prompts(prompts_file, cfg.vocab_size)
+    if steps < 1:
+        raise UserError(f"--steps {steps} must be ≥ 1")
+    if weights_dir is None:
+        tensors = default_tensors(cfg, seed)
+    elif (Path(weights_dir) / "quantization.json").exists():
+        tensors = load_quantized(weights_dir, cfg)
+    else:
+        tensors = load_any(weights_dir, cfg)
+    tmax = ctx or (max(map(len, prompts)) + steps)
+    seqs, _ = run_batches(cfg, lanes, tensors, prompts, steps, tmax)
+    doc = {"format": "qwen38gen-run", "version": 1, "model": cfg.name, "config_hash": cfg.hash,
+           "lane": lanes.name, "steps": steps,
+           "sequences": [{"prompt": p, "tokens": s["tokens"], "topk": s["topk"]}
+                         for p, s in zip(prompts, seqs)]}
+    if json_out:
+        _atomic_write(Path(json_out), json.dumps(doc) + "\n")
+    t = Table(title=f"{cfg.name} {lanes.name}: {len(prompts)} sequences × {steps} tokens")
+    for c in ("seq", "prompt len", "generated (first 12)"):
+        t.add_column(c)
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        t.add_row(str(i), str(len(p)), ",".join(map(str, s["tokens"][:12])))
+    out.print(t)
+
+
+@cli.command("golden")
+@click.option("--update", is_flag=True, help="Regenerate with the batch-1 program on the GPU.")
+def golden_cmd(update):
+    """Show, validate (CPU) or regenerate (GPU) the golden single-sequence runs."""
+    from qwen38gen import golden as G
+    from qwen38gen.check import update_golden, validate_golden
+
+    cols = ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status")
+    if update:
+        res, path = update_golden()
+        _outcome_table("golden vs numpy reference", cols, res)
+        if path is None:
+            err.print("the batch-1 program disagrees with the reference; golden file NOT written")
+            sys.exit(1)
+        out.print(f"wrote {path}")
+        return
+    g = G.load_golden()
+    res = validate_golden(g)
+    _outcome_table(f"golden {G.golden_path().name} vs numpy reference (CPU)", cols, res)
+    sys.exit(0 if res.ok else 1)
+
+
+def _outcome_table(title, cols, res):
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in res.rows:
+        t.add_row(*r)
+    out.print(t)
+    for n in res.notes:
+        out.print(n)
+
+
+@cli.command()
+@_lanes_options
+def check(**lane_kw):
+    """The equivalence lock: the batched program teacher-forced on the golden streams."""
+    from qwen38gen import golden as G
+    from qwen38gen.check import check_gpu, validate_golden
+    from qwen38gen.runtime import _drv
+
+    lanes = _make_lanes(**lane_kw)
+    g = G.load_golden()
+    try:
+        _drv()
+        have_gpu = True
+    except UserError as e:
+        have_gpu, why = False, str(e)
+    if not have_gpu:
+        res = validate_golden(g)
+        _outcome_table("golden vs numpy reference (CPU)",
+                       ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status"), res)
+        out.print(f"[yellow]GPU part NOT run[/yellow]: {why}. Only the golden files were validated "
+                  "against the numpy reference.")
+        sys.exit(0 if res.ok else 1)
+    res = check_gpu(lanes, g)
+    _outcome_table(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
+                   ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax",
+                    "state err", "status"), res)
+    n_ok = sum(r[-1] == "ok" for r in res.rows)
+    out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} sequences")
+    sys.exit(0 if res.ok else 1)
+
+
 def main(argv=None):
     try:
         rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)

@@ -206,6 +206,15 @@ def argmax_entry(v: int) -> Entry:
                  asserts=(f"q38::ArgmaxLaunch<q38::bf16, {v}>::threads == 1024",))
 
 
+TOPK = 8  # logits kept per sequence and step for `run` and the golden files
+
+
+def topk_entry(v: int) -> Entry:
+    return Entry(f"q38_topk_v{v}_k{TOPK}", f"q38::topk_rows<q38::bf16, {v}, {TOPK}>",
+                 ((BF, "logits"), ("float*", "val"), ("int*", "idx")), 128,
+                 asserts=(f"q38::TopkLaunch<q38::bf16, {v}, {TOPK}>::threads == 128",))
+
+
 def gather_last_entry(h: int, pt: int) -> Entry:
     return Entry(f"q38_gather_last_h{h}_pt{pt}", f"q38::gather_last<{h}, {pt}>",
                  ((BF, "x"), (I32, "ntok"), ("q38::bf16*", "y")), 128)
@@ -268,6 +277,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         "hlast": {"dtype": "bfloat16", "shape": [B, H]},
         "logits": {"dtype": "bfloat16", "shape": [B, V]},
         "next": {"dtype": "int32", "shape": [B]},
+        "topk_val": {"dtype": "float32", "shape": [B, TOPK]},
+        "topk_idx": {"dtype": "int32", "shape": [B, TOPK]},
         "nextval": {"dtype": "float32", "shape": [B]},
         "conv": {"dtype": "bfloat16", "state": True,
                  "shape": [len(cfg.linear_layers), B, cfg.linear_conv_kernel_dim - 1, C]},
@@ -360,4 +371,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     plan.schedule = {"decode": step(1)}
     plan.schedule["prefill"] = step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
     plan.schedule["prefill_pt"] = lanes.pt
+    tk = plan.entry(topk_entry(V))
+    # Optional, after a step: the top-k logits of each sequence's sampled row.
+    plan.schedule["topk"] = [{"k": tk.name, "grid": [B, 1, 1],
+                              "args": [buf("logits"), buf("topk_val"), buf("topk_idx")]}]
     return plan

@@ -1,0 +1,157 @@
+"""Golden single-sequence runs: their setup, file format, validation and comparisons.
+
+A golden file holds what the batch-1 program computed on the GPU for the embedded default (the
+``tiny`` preset, seeded synthetic int4 weights): per prompt the greedy token ids and, per step,
+the top-k logits. It is written by `qwen38gen golden --update` only after it agrees with the numpy
+reference, and carries the format version, config hash, lane name and generator version, plus a
+digest of its payload; a stale or corrupted file is refused with the command that regenerates it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .config import PRESETS, ModelConfig
+from .errors import UserError
+from .lanes import DEFAULT_PT, Lanes, lane_name
+
+FORMAT = "qwen38gen-golden"
+VERSION = 1
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+REGENERATE = "qwen38gen golden --update   (on a machine with a GPU)"
+
+MODEL = "tiny"
+SEED = 0             # synthetic weights
+PROMPT_SEED = 1234
+PROMPT_LENGTHS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 47, 64, 65, 70)
+STEPS = 64
+
+# Named tolerances, each with its reason (STYLE.md 8). Values are absolute logit differences or
+# margins in logit units; the tiny model's logits have a standard deviation of about 1.
+TOLERANCES = {
+    "logit_abs": (0.08, "GPU logits are bf16 after a bf16 residual stream through 8 layers; the "
+                        "reference is fp32 on the same dequantized int4 weights"),
+    "argmax_margin": (0.16, "the argmax must agree wherever the reference's top-2 margin exceeds "
+                            "twice the logit tolerance"),
+    "state_rel": (3e-2, "fp32 recurrent state fed by bf16 activations: relative Frobenius error"),
+}
+
+
+def tol(name: str) -> float:
+    return TOLERANCES[name][0]
+
+
+def golden_prompts(cfg: ModelConfig, seed: int = PROMPT_SEED) -> list[list[int]]:
+    """16 prompts of the lengths above (1 token, and more than 64), seeded token ids."""
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, cfg.vocab_size, n)] for n in PROMPT_LENGTHS]
+
+
+def golden_lanes() -> Lanes:
+    """The batch-1 program that produces the golden runs."""
+    return Lanes.make(1, pt=DEFAULT_PT)
+
+
+def golden_path(cfg: ModelConfig | None = None, lanes: Lanes | None = None) -> Path:
+    cfg = cfg or PRESETS[MODEL]
+    return GOLDEN_DIR / f"{cfg.name}_{lane_name(lanes or golden_lanes())}.json"
+
+
+def _digest(seqs: list) -> str:
+    return hashlib.sha256(json.dumps(seqs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass
+class Golden:
+    cfg_hash: str
+    lane: str
+    seed: int
+    steps: int
+    sequences: list[dict]   # {"prompt": [...], "tokens": [...], "topk": [[[id, logit]...]...]}
+    generator: str = f"qwen38gen {__version__}"
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT, "version": VERSION, "generator": self.generator,
+            "model": MODEL, "config_hash": self.cfg_hash, "lane": self.lane,
+            "weights": {"kind": "synthetic-int4", "seed": self.seed}, "steps": self.steps,
+            "digest": _digest(self.sequences), "sequences": self.sequences,
+        }, indent=0, sort_keys=True) + "\n"
+
+
+def load_golden(path: Path | None = None, cfg: ModelConfig | None = None) -> Golden:
+    """Read and verify a golden file; refuse stale or corrupted data naming the fix."""
+    cfg = cfg or PRESETS[MODEL]
+    path = Path(path) if path else golden_path(cfg)
+    fix = f"regenerate it with: {REGENERATE}"
+    if not path.is_file():
+        raise UserError(f"golden file {path} is missing; {fix}")
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"golden file {path} is corrupted (not JSON: {e}); {fix}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise UserError(f"golden file {path} is not a {FORMAT} file; {fix}")
+    if d.get("version") != VERSION:
+        raise UserError(f"golden file {path} has format version {d.get('version')}, this qwen38gen "
+                        f"reads version {VERSION}; {fix}")
+    if d.get("config_hash") != cfg.hash:
+        raise UserError(f"golden file {path} is stale: config hash {d.get('config_hash')} != "
+                        f"{cfg.hash} of {cfg.name!r}; {fix}")
+    seqs = d.get("sequences")
+    if not isinstance(seqs, list) or d.get("digest") != _digest(seqs):
+        raise UserError(f"golden file {path} is corrupted (payload digest mismatch); {fix}")
+    if [s["prompt"] for s in seqs] != golden_prompts(cfg) or d.get("steps") != STEPS:
+        raise UserError(f"golden file {path} is stale: its prompts or steps differ from this "
+                        f"version's setup; {fix}")
+    return Golden(cfg_hash=d["config_hash"], lane=d["lane"], seed=d["weights"]["seed"],
+                  steps=d["steps"], sequences=seqs, generator=d.get("generator", "?"))
+
+
+def reference_logits(ref, prompt: list[int], tokens: list[int]):
+    """Teacher-forced reference: (logits [len(tokens), vocab], final State); row s predicts
+    tokens[s] (row 0 from the prompt, row s from the prompt and tokens[:s])."""
+    st = ref.new_state(1)
+    lg, _ = ref.forward(st, [list(prompt)])
+    rows = [lg[0][-1]]
+    for t in tokens[:-1]:
+        lg, _ = ref.forward(st, [[int(t)]])
+        rows.append(lg[0][0])
+    return np.stack(rows), st
+
+
+@dataclass
+class SeqReport:
+    index: int
+    steps: int
+    max_logit_err: float
+    argmax_checked: int
+    argmax_mismatch: int
+    first_mismatch: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.argmax_mismatch == 0 and self.max_logit_err <= tol("logit_abs")
+
+
+def compare_to_reference(seq: dict, ref_logits: np.ndarray, index: int) -> SeqReport:
+    """One sequence's top-k logits and argmax (GPU or golden) against reference logits."""
+    worst, checked, bad, first = 0.0, 0, 0, None
+    for s, (tok, top) in enumerate(zip(seq["tokens"], seq["topk"])):
+        row = ref_logits[s]
+        ids = np.array([i for i, _ in top])
+        vals = np.array([v for _, v in top])
+        worst = max(worst, float(np.max(np.abs(vals - row[ids]))))
+        two = np.sort(row)[-2:]
+        if two[1] - two[0] > tol("argmax_margin"):
+            checked += 1
+            if int(np.argmax(row)) != int(tok):
+                bad += 1
+                first = s if first is None else first
+    return SeqReport(index, len(seq["tokens"]), worst, checked, bad, first)

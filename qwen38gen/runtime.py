@@ -1,0 +1,321 @@
+"""PyCUDA runtime: load the cubin and manifest, upload weights, allocate per-sequence state,
+capture each step as one CUDA graph, and run prefill + greedy decode.
+
+PyCUDA has no graph API: capture goes through the driver API (libcuda via ctypes) on PyCUDA's
+stream (shared/device/README.md). Everything a step needs (token ids, positions, chunk lengths)
+lives in device buffers that the graph reads, so a step is one `cuGraphLaunch`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import UserError
+from .weights import BF16
+
+DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
+
+
+def _drv():
+    try:
+        import pycuda.driver as drv
+    except Exception as e:  # not installed, or no libcuda
+        raise UserError(f"PyCUDA is not available ({type(e).__name__}: {e}); the GPU runtime needs "
+                        "an NVIDIA GPU with PyCUDA installed (pip install '.[gpu]')") from None
+    try:
+        drv.init()
+        n = drv.Device.count()
+    except Exception as e:
+        raise UserError(f"no CUDA GPU is available ({e})") from None
+    if n == 0:
+        raise UserError("no CUDA GPU is available (cuDeviceGetCount = 0)")
+    return drv
+
+
+class _Graphs:
+    """Stream capture and replay through libcuda."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        for f in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+                  "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy"):
+            getattr(self.lib, f).restype = ctypes.c_int
+
+    def _ok(self, rc: int, what: str):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+    def capture(self, stream, launch_all) -> ctypes.c_void_p:
+        h = ctypes.c_void_p(stream.handle)
+        self._ok(self.lib.cuStreamBeginCapture_v2(h, 0), "cuStreamBeginCapture")  # global mode
+        try:
+            launch_all()
+        finally:
+            graph = ctypes.c_void_p()
+            rc = self.lib.cuStreamEndCapture(h, ctypes.byref(graph))
+        self._ok(rc, "cuStreamEndCapture")
+        exe = ctypes.c_void_p()
+        self._ok(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
+                 "cuGraphInstantiateWithFlags")
+        self.lib.cuGraphDestroy(graph)
+        return exe
+
+    def launch(self, exe, stream):
+        self._ok(self.lib.cuGraphLaunch(exe, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
+
+
+@dataclass
+class Launch:
+    fn: object
+    grid: tuple
+    block: tuple
+    smem: int
+    args: list
+
+
+def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the packed parts of one fused weight along the row-tile axis.
+
+    ``packed[name] = (qweight, scales_tiled)`` per HF tensor; each part is already padded to a
+    multiple of 16 rows, which is what the manifest's row offsets assume.
+    """
+    qs, ss = [], []
+    for name, off, rows in spec["parts"]:
+        q, s = packed[name]
+        assert q.shape[0] * 16 == -(-rows // 16) * 16, name
+        qs.append(q)
+        ss.append(s)
+    q, s = np.concatenate(qs), np.concatenate(ss)
+    assert q.shape[0] * 16 == spec["rows"]
+    return q, s
+
+
+def pack_weights(cfg: ModelConfig, tensors: dict) -> dict:
+    """HF-named tensors -> {int4 name: (qweight, scales)} ∪ {other name: array}.
+
+    Accepts float/bf16 arrays (quantized here) or `quantize.QuantizedTensor`s (used as they are).
+    """
+    from .quantize import QuantizedTensor
+    from .weights import quantize_pack
+
+    shapes = cfg.tensor_shapes(mtp=False)
+    out = {}
+    for n, shape in shapes.items():
+        if n not in tensors:
+            raise UserError(f"weights are missing tensor {n!r}")
+        v = tensors[n]
+        if cfg.is_int4(n, shape):
+            if isinstance(v, QuantizedTensor):
+                out[n] = (v.qweight, v.scales)
+            else:
+                out[n] = quantize_pack(np.asarray(v, dtype=np.float32), n)
+        else:
+            out[n] = np.asarray(v)
+    return out
+
+
+class Runtime:
+    """One emitted program on one GPU, with its weights and the state of B sequences."""
+
+    def __init__(self, cubin: str | Path, manifest: dict, cfg: ModelConfig, tensors: dict,
+                 tmax: int):
+        drv = self.drv = _drv()
+        if manifest["model"]["hash"] != cfg.hash:
+            raise UserError(f"the program was emitted for model hash {manifest['model']['hash']}, "
+                            f"but the weights' config has hash {cfg.hash}; emit it for this model")
+        self.cfg, self.manifest, self.tmax = cfg, manifest, int(tmax)
+        if self.tmax < 1 or self.tmax > cfg.max_position_embeddings:
+            raise UserError(f"max context {tmax} must be in 1..{cfg.max_position_embeddings}")
+        self.B = manifest["lanes"]["batch"]
+        self.pt = manifest["schedule"]["prefill_pt"]
+        self.ctx = drv.Device(0).make_context()
+        try:
+            self.stream = drv.Stream()
+            self.mod = drv.module_from_file(str(cubin))
+            self.fns = {}
+            for name, k in manifest["kernels"].items():
+                fn = self.mod.get_function(name)
+                if k["smem"] > 48 * 1024:
+                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k["smem"])
+                self.fns[name] = fn
+            self._alloc(pack_weights(cfg, tensors))
+            self.graphs = _Graphs()
+            self.launches = {ph: self._resolve(manifest["schedule"][ph])
+                             for ph in ("decode", "prefill", "topk")}
+            self.exe = {}
+        except drv.MemoryError as e:
+            self.close()
+            raise UserError(f"out of GPU memory ({e}); use a smaller --batch or max context") from None
+        except BaseException:
+            self.close()
+            raise
+
+    # ----------------------------------------------------------------------- memory
+    def _alloc(self, packed: dict):
+        drv, man = self.drv, self.manifest
+        self.mem: dict[str, object] = {}   # keep allocations alive
+        self.ptr: dict[tuple, int] = {}
+        for name, spec in man["weights"].items():
+            q, s = fused_arrays(spec, packed)
+            for part, arr in (("qweight", q), ("scales", s)):
+                g = drv.to_device(np.ascontiguousarray(arr))
+                self.mem[("w", name, part)] = g
+                self.ptr[("w", name, part)] = int(g)
+        for name, dt in man["tensors"].items():
+            arr = np.ascontiguousarray(np.asarray(packed[name], dtype=np.float32).astype(DT[dt]))
+            g = drv.to_device(arr)
+            self.mem[("t", name)] = g
+            self.ptr[("t", name)] = int(g)
+        self.bufs = {}
+        for name, spec in man["buffers"].items():
+            shape = [self.tmax if d == "Tmax" else d for d in spec["shape"]]
+            dt = DT[spec["dtype"]]
+            nbytes = int(np.prod(shape)) * dt.itemsize
+            g = drv.mem_alloc(max(nbytes, 16))
+            drv.memset_d8(g, 0, nbytes)
+            self.bufs[name] = (g, shape, dt)
+            self.mem[("buf", name)] = g
+
+    def _arg(self, a: list):
+        kind = a[0]
+        if kind == "buf":
+            g, _, dt = self.bufs[a[1]]
+            return np.uintp(int(g) + (a[2] + a[3] * self.tmax) * dt.itemsize)
+        if kind in ("w", "t"):
+            return np.uintp(self.ptr[tuple(a)])
+        if kind == "i32":
+            return np.int32(a[1])
+        if kind == "f32":
+            return np.float32(a[1])
+        if kind == "tmax":
+            return np.int32(self.tmax)
+        raise ValueError(f"unknown manifest argument {a!r}")
+
+    def _resolve(self, sched: list[dict]) -> list[Launch]:
+        out = []
+        for s in sched:
+            k = self.manifest["kernels"][s["k"]]
+            out.append(Launch(self.fns[s["k"]], tuple(s["grid"]), tuple(k["block"]), k["smem"],
+                              [self._arg(a) for a in s["args"]]))
+        return out
+
+    # ----------------------------------------------------------------------- steps
+    def _launch_all(self, phase: str):
+        for L in self.launches[phase]:
+            L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
+
+    def run_phase(self, phase: str, graph: bool = True):
+        """One decode step, prefill chunk or top-k pass, as a graph replay (captured once)."""
+        if not graph:
+            self._launch_all(phase)
+            return
+        if phase not in self.exe:
+            self.exe[phase] = self.graphs.capture(self.stream, lambda: self._launch_all(phase))
+        self.graphs.launch(self.exe[phase], self.stream)
+
+    def put(self, name: str, arr: np.ndarray):
+        g, shape, dt = self.bufs[name]
+        a = np.ascontiguousarray(arr, dtype=dt)
+        assert a.size <= int(np.prod(shape)), name
+        self.drv.memcpy_htod_async(g, a, self.stream)
+
+    def get(self, name: str) -> np.ndarray:
+        g, shape, dt = self.bufs[name]
+        out = np.empty(shape, dt)
+        self.drv.memcpy_dtoh_async(out, g, self.stream)
+        self.stream.synchronize()
+        return out
+
+    def reset(self):
+        """Fresh sequences: zero the state and the positions."""
+        for name, spec in self.manifest["buffers"].items():
+            if spec.get("state") or name == "pos":
+                g, shape, dt = self.bufs[name]
+                self.drv.memset_d8_async(g, 0, int(np.prod(shape)) * dt.itemsize, self.stream)
+
+    # ----------------------------------------------------------------------- generation
+    def generate(self, prompts: list[list[int]], steps: int, topk: bool = True,
+                 forced: list[list[int]] | None = None) -> list[dict]:
+        """Greedy: prefill each prompt in chunks of pt, then decode; `steps` new tokens per
+        sequence (the first from the prefill's last row, then steps − 1 decode steps), like
+        `Reference.generate`.
+
+        ``forced[b]`` (teacher forcing): decode step s is fed ``forced[b][s]`` instead of the
+        program's own previous argmax; the outputs are still the program's. Returns per sequence
+        {"tokens": [steps ids], "topk": [[[id, logit] × TOPK] per token]}.
+        """
+        B, pt = self.B, self.pt
+        if not 1 <= len(prompts) <= B:
+            raise ValueError(f"{len(prompts)} prompts for a batch of {B}")
+        lens = [len(p) for p in prompts]
+        if min(lens) < 1:
+            raise UserError("every prompt needs at least one token")
+        if steps < 1:
+            raise UserError(f"steps must be ≥ 1, got {steps}")
+        if max(lens) + steps > self.tmax:
+            raise UserError(f"prompt {max(lens)} + {steps} steps exceeds the max context "
+                            f"{self.tmax}; pass a larger --ctx")
+        n = len(prompts)
+        padded = prompts + [[0]] * (B - n)   # idle slots decode a dummy sequence
+        self.reset()
+        res = [{"tokens": [], "topk": []} for _ in range(n)]
+        first = [None] * B
+        nchunks = max(-(-len(p) // pt) for p in padded)
+        for c in range(nchunks):
+            toks = np.zeros(B * pt, np.int32)
+            ntok = np.zeros(B, np.int32)
+            for b, p in enumerate(padded):
+                piece = p[c * pt:(c + 1) * pt]
+                ntok[b] = len(piece)
+                toks[b * pt:b * pt + len(piece)] = piece
+            self.put("tokens", toks)
+            self.put("ntok", ntok)
+            self.run_phase("prefill")
+            ends = [b for b, p in enumerate(padded) if -(-len(p) // pt) == c + 1]
+            if ends:
+                if topk:
+                    self.run_phase("topk")
+                nxt = self.get("next")
+                tv, ti = (self.get("topk_val"), self.get("topk_idx")) if topk else (None, None)
+                for b in ends:
+                    first[b] = int(nxt[b])
+                    if b < n:
+                        res[b]["tokens"].append(first[b])
+                        if topk:
+                            res[b]["topk"].append([[int(i), float(v)] for i, v in zip(ti[b], tv[b])])
+        self.put("ntok", np.ones(B, np.int32))
+        cur = np.array(first, np.int32)
+        for s in range(steps - 1):
+            if forced is not None:
+                for b in range(n):
+                    cur[b] = forced[b][s]
+            self.put("tokens", cur)
+            self.run_phase("decode")
+            if topk:
+                self.run_phase("topk")
+            cur = self.get("next").copy()
+            tv, ti = (self.get("topk_val"), self.get("topk_idx")) if topk else (None, None)
+            for b in range(n):
+                res[b]["tokens"].append(int(cur[b]))
+                if topk:
+                    res[b]["topk"].append([[int(i), float(v)] for i, v in zip(ti[b], tv[b])])
+        return res
+
+    def close(self):
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            self.mem = {}
+            self.bufs = {}
+            ctx.pop()
+            self.ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

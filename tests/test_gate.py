@@ -1,0 +1,79 @@
+"""The gate: nvcc compile, the resource report, typed failures, the cache."""
+
+import shutil
+
+import pytest
+
+from qwen38gen import gate as G
+from qwen38gen.config import PRESETS
+from qwen38gen.emit import emit_program, write_program
+from qwen38gen.lanes import Lanes
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+GOOD = """
+extern "C" __global__ void __launch_bounds__(128) ok(float* y) { y[threadIdx.x] = 1.f; }
+"""
+# A local array indexed at run time lives in local memory: a stack frame the gate must refuse.
+STACK = """
+extern "C" __global__ void __launch_bounds__(32) bad(float* y, int i) {
+  float a[64];
+#pragma unroll 1
+  for (int j = 0; j < 64; ++j) a[j] = y[j * i];
+  y[threadIdx.x] = a[(i + threadIdx.x) & 63];
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
+
+
+def test_parse_ptxas():
+    log = """ptxas info    : Compiling entry function 'k1' for 'sm_90'
+ptxas info    : Function properties for k1
+    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 16 bytes cumulative stack size, 4096 bytes smem, 368 bytes cmem[0]
+"""
+    (k,) = G.parse_ptxas(log)
+    assert (k.name, k.registers, k.stack, k.spill_stores, k.spill_loads, k.smem) == (
+        "k1", 40, 16, 8, 4, 4096)
+    k.threads = 2048
+    assert len(k.problems()) == 3  # spills, stack, registers × threads > 65536
+
+
+def test_good_then_cached():
+    r1 = G.compile_source(GOOD, "good.cu")
+    assert not r1.cached and [k.name for k in r1.kernels] == ["ok"] and not r1.problems
+    r2 = G.compile_source(GOOD, "good.cu")
+    assert r2.cached and r2.cubin == r1.cubin
+
+
+def test_header_comment_does_not_change_the_key():
+    a = "// lanes b1\n" + G.HEADER_END + GOOD
+    b = "// lanes b17\n" + G.HEADER_END + GOOD
+    assert not G.compile_source(a, "a.cu").cached
+    assert G.compile_source(b, "b.cu").cached
+
+
+def test_compile_error_is_typed():
+    with pytest.raises(G.CompileError) as e:
+        G.compile_source("this is not C++", "broken.cu")
+    assert "nvcc" in e.value.cmd[0] and "error" in e.value.log
+    assert open(e.value.kept).read() == "this is not C++"
+
+
+def test_stack_frame_fails_the_gate(tmp_path):
+    p = tmp_path / "bad.cu"
+    p.write_text(STACK)
+    with pytest.raises(G.ResourceError, match="local-memory stack frame"):
+        G.gate_file(p)
+
+
+def test_emitted_program_passes(tmp_path):
+    prog = emit_program(PRESETS["tiny"], Lanes.make(16))
+    cu, _ = write_program(prog, tmp_path / "t.cu")
+    res = G.gate_file(cu)
+    assert not res.problems and {k.name for k in res.kernels} == set(prog.manifest["kernels"])
+    assert all(k.threads for k in res.kernels)  # launch bounds from the manifest
