@@ -52,3 +52,28 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
 }  // namespace q38
+
+namespace q38 {
+
+// Eight bf16 (one 16-byte vector, element 0 in the low half of .x) -> fp32, exactly.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// Eight fp32 -> eight bf16 (round to nearest even) in one 16-byte vector, element 0 lowest.
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bf162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);  // .x = low half
+    w[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+}  // namespace q38
