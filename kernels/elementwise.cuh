@@ -1,0 +1,234 @@
+// elementwise.cuh: the small ops of a decode step, all bf16 storage and fp32 math.
+//
+//   embed_gather  x[r, :] = E[tok[r], :]                   E bf16 [V, HD], tok int32 [R] -> x bf16 [R, HD]
+//                 (tok[r] must lie in [0, V); not checked)
+//   swiglu        h[r, f] = bf16(silu(g) · u), g = gu[r, f], u = gu[r, F + f]
+//                                                         gu bf16 [R, 2F] -> h bf16 [R, F]
+//   residual_add  x[r, c] = bf16(x[r, c] + y[r, c])        x, y bf16 [R, W], x in place (HF adds in bf16)
+//   argmax_rows   idx[r] = argmax_c l[r, c], val[r] = l[r, idx[r]]   l T [R, V] (T = bf16 or float)
+//                 -> idx int32 [R], val fp32 [R]; ties go to the smallest index (numpy argmax).
+//                 NaN never wins (rows are assumed NaN-free); a row of −inf gives index 0.
+//   topk_rows     the K largest of each row, sorted descending, ties by smaller index
+//                 -> val fp32 [R, K], idx int32 [R, K]; rows need at least K entries > −inf
+//   advance_pos   pos[b] += ntok[b], b < B                 (the last kernel of a step)
+//
+// Launch shapes (no dynamic smem anywhere; every grid is given next to its Launch struct):
+//   EmbedLaunch<HD>     grid R,                                   block threads
+//   SwigluLaunch<F>     grid (ceil(F/8 / threads), R),            block threads
+//   ResidualLaunch<W>   grid ceil(R·W/8 / threads),               block threads
+//   ArgmaxLaunch<T, V>  grid R,                                   block threads
+//   TopkLaunch<T, V, K> grid R,                                   block threads
+//   AdvanceLaunch       grid ceil(B / threads),                   block threads
+// Every row is moved as 16-byte vectors: HD, F, W must be multiples of 8, V of 16 / sizeof(T).
+//
+// Compiles alone:
+//   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/elementwise.cuh -o /dev/null
+#pragma once
+#include "common.cuh"
+
+namespace q38 {
+
+template <int HD>
+struct EmbedLaunch {
+  static constexpr int threads = 128;  // grid = R
+};
+
+template <int HD>
+__device__ __forceinline__ void embed_gather(const bf16* __restrict__ E, const int* __restrict__ tok,
+                                             bf16* __restrict__ x) {
+  static_assert(HD % 8 == 0, "embed_gather: HD must be a multiple of 8");
+  const int r = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(E + (size_t)tok[r] * HD);
+  uint4* dst = reinterpret_cast<uint4*>(x + (size_t)r * HD);
+  for (int i = threadIdx.x; i < HD / 8; i += EmbedLaunch<HD>::threads) dst[i] = __ldg(src + i);
+}
+
+template <int F>
+struct SwigluLaunch {
+  static constexpr int threads = 256;
+  static constexpr int grid_x = (F / 8 + threads - 1) / threads;  // grid = (grid_x, R)
+};
+
+template <int F>
+__device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
+  static_assert(F % 8 == 0, "swiglu: F must be a multiple of 8");
+  const int v = blockIdx.x * SwigluLaunch<F>::threads + threadIdx.x;  // 8 columns per thread
+  if (v >= F / 8) return;
+  const int r = blockIdx.y;
+  const bf16* row = gu + (size_t)r * 2 * F;
+  float g[8], u[8];
+  unpack_bf16x8(ldg16(row + 8 * v), g);
+  unpack_bf16x8(ldg16(row + F + 8 * v), u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
+  *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
+}
+
+template <int W>
+struct ResidualLaunch {
+  static constexpr int threads = 256;  // grid = ceil(R*W/8 / threads)
+};
+
+template <int W>
+__device__ __forceinline__ void residual_add(bf16* __restrict__ x, const bf16* __restrict__ y,
+                                             int R) {
+  static_assert(W % 8 == 0, "residual_add: W must be a multiple of 8");
+  const size_t v = (size_t)blockIdx.x * ResidualLaunch<W>::threads + threadIdx.x;
+  if (v >= (size_t)R * (W / 8)) return;
+  float a[8], c[8];
+  unpack_bf16x8(reinterpret_cast<const uint4*>(x)[v], a);
+  unpack_bf16x8(ldg16(y + 8 * v), c);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] += c[i];
+  reinterpret_cast<uint4*>(x)[v] = pack_bf16x8(a);
+}
+
+// One 16-byte vector of logits -> fp32: 8 bf16 or 4 floats.
+template <typename T>
+struct LogitVec;
+template <>
+struct LogitVec<bf16> {
+  static constexpr int n = 8;
+  static __device__ __forceinline__ void load(const bf16* p, float (&f)[8]) {
+    unpack_bf16x8(ldg16(p), f);
+  }
+};
+template <>
+struct LogitVec<float> {
+  static constexpr int n = 4;
+  static __device__ __forceinline__ void load(const float* p, float (&f)[4]) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+  }
+};
+
+// (va, ia) ranks before (vb, ib): larger value, then smaller index.
+__device__ __forceinline__ bool rank_before(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Warp-wide arg-best of (v, i) under rank_before; every lane gets the result.
+__device__ __forceinline__ void warp_argbest(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (rank_before(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+}
+
+template <typename T, int V>
+struct ArgmaxLaunch {
+  static constexpr int threads = 1024;  // grid = R; 31 vectors per thread at V = 248320 (bf16)
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void argmax_rows(const T* __restrict__ logits, int* __restrict__ idx,
+                                            float* __restrict__ val) {
+  constexpr int EV = LogitVec<T>::n, NV = V / EV, NT = ArgmaxLaunch<T, V>::threads;
+  static_assert(V % EV == 0, "argmax_rows: V must be a multiple of the 16-byte vector");
+  __shared__ float sv[NT / 32];
+  __shared__ int si[NT / 32];
+  const T* row = logits + (size_t)blockIdx.x * V;
+  float bv = -INFINITY;
+  int bi = 0;
+  // Each thread walks its indices in increasing order; strict > keeps the first of equal values.
+#pragma unroll 4
+  for (int v = threadIdx.x; v < NV; v += NT) {
+    float f[EV];
+    LogitVec<T>::load(row + (size_t)v * EV, f);
+#pragma unroll
+    for (int e = 0; e < EV; ++e)
+      if (f[e] > bv) { bv = f[e]; bi = v * EV + e; }
+  }
+  warp_argbest(bv, bi);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    bv = lane < NT / 32 ? sv[lane] : -INFINITY;
+    bi = lane < NT / 32 ? si[lane] : 0x7fffffff;
+    warp_argbest(bv, bi);
+    if (lane == 0) { idx[blockIdx.x] = bi; val[blockIdx.x] = bv; }
+  }
+}
+
+template <typename T, int V, int K>
+struct TopkLaunch {
+  // grid = R; each thread keeps its own top K in registers (2K of them): 128 threads leave
+  // ptxas room (at 256 its occupancy heuristic caps at 64 registers and spills for K = 16)
+  static constexpr int threads = 128;
+};
+
+template <typename T, int V, int K>
+__device__ __forceinline__ void topk_rows(const T* __restrict__ logits, float* __restrict__ val,
+                                          int* __restrict__ idx) {
+  constexpr int EV = LogitVec<T>::n, NV = V / EV, NT = TopkLaunch<T, V, K>::threads, NW = NT / 32;
+  static_assert(V % EV == 0, "topk_rows: V must be a multiple of the 16-byte vector");
+  static_assert(K >= 1 && K <= 16 && K <= V, "topk_rows: 1 <= K <= 16");
+  __shared__ float sv[2][NW];
+  __shared__ int si[2][NW];
+  const T* row = logits + (size_t)blockIdx.x * V;
+
+  // Per-thread sorted list (fully unrolled: stays in registers). A thread sees its indices in
+  // increasing order, so a new entry equal to a kept one ranks after it: strict > is the tie rule.
+  float tv[K];
+  int ti[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) { tv[k] = -INFINITY; ti[k] = 0x7fffffff; }
+  for (int v = threadIdx.x; v < NV; v += NT) {
+    float f[EV];
+    LogitVec<T>::load(row + (size_t)v * EV, f);
+#pragma unroll
+    for (int e = 0; e < EV; ++e) {
+      if (f[e] > tv[K - 1]) {
+        tv[K - 1] = f[e];
+        ti[K - 1] = v * EV + e;
+#pragma unroll
+        for (int k = K - 1; k > 0; --k) {
+          if (tv[k] > tv[k - 1]) {
+            const float a = tv[k]; tv[k] = tv[k - 1]; tv[k - 1] = a;
+            const int c = ti[k]; ti[k] = ti[k - 1]; ti[k - 1] = c;
+          }
+        }
+      }
+    }
+  }
+
+  // K rounds: the block's best list head is output k; its owner pops it. Indices are unique, so
+  // exactly one thread owns the winner. Round k uses buffer k & 1: one barrier per round suffices.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float bv = tv[0];
+    int bi = ti[0];
+    warp_argbest(bv, bi);
+    if (lane == 0) { sv[k & 1][warp] = bv; si[k & 1][warp] = bi; }
+    __syncthreads();
+    bv = lane < NW ? sv[k & 1][lane] : -INFINITY;
+    bi = lane < NW ? si[k & 1][lane] : 0x7fffffff;
+    warp_argbest(bv, bi);
+    if (threadIdx.x == 0) {
+      val[(size_t)blockIdx.x * K + k] = bv;
+      idx[(size_t)blockIdx.x * K + k] = bi;
+    }
+    if (ti[0] == bi) {
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) { tv[j] = tv[j + 1]; ti[j] = ti[j + 1]; }
+      tv[K - 1] = -INFINITY;
+      ti[K - 1] = 0x7fffffff;
+    }
+  }
+}
+
+struct AdvanceLaunch {
+  static constexpr int threads = 128;  // grid = ceil(B / threads)
+};
+
+__device__ __forceinline__ void advance_pos(int* __restrict__ pos, const int* __restrict__ ntok,
+                                            int B) {
+  const int b = blockIdx.x * AdvanceLaunch::threads + threadIdx.x;
+  if (b < B) pos[b] += ntok[b];
+}
+
+}  // namespace q38
