@@ -13,6 +13,8 @@
 // In/out:
 //   ring    bf16 [B, KC, C]   KC = K-1; slot j holds raw m of the token whose position % KC == j
 //   state   fp32 [B, HV, DK, DV]   S[i, j], row i = key dim, column j = value dim
+//   ring_arrivals  int32 [B, HK]   scratch, all 0 before the first launch; every launch leaves it
+//                             0 again, so one buffer serves every GDN layer launched on a stream
 // Out:
 //   out     bf16 [R, Cv]      RMSg(o_h; norm_w, z_h) per v-head, ready for out_proj; padding rows
 //                             are written as 0 (so out_proj of them is 0)
@@ -31,28 +33,35 @@
 // delta-rule output o rounded to bf16 before the gated norm; norm statistics fp32; output bf16.
 //
 // Work split: one block per (sequence b, v-head h, column slice s of NS), DV/NS columns per
-// block. Each column j of S_h is owned by two threads of one warp (lanes l and l^16), each
-// holding DK/2 rows in registers, so u_j and o_j are a register sum plus one shuffle; the state
-// is read once and written once per launch, a warp touching 16 columns × 2 row halves (two 64-byte
-// segments) per row. (One thread per whole column needs DK = 128 state registers and ptxas then
-// spills.) The HV/HK v-heads of one key head and their NS slices form one thread-block cluster:
-//   * the conv ring is read by every block of the cluster (all need κ's q and k window) and
-//     written once per channel after a cluster barrier (q/k channels split over the cluster's
-//     ranks, v channels by the block that owns them), so no block reads a slot already advanced;
-//   * the gated norm's Σo² over the head's DV columns is summed across its NS blocks through
-//     distributed shared memory.
+// block. Thread (cg, rg) holds a float4 of columns (4cg … 4cg+3) for rows rg + 8·i (DK/8 rows) in
+// registers, so the state is read once and written once per launch with 16-byte accesses, a warp
+// covering whole 256/512-byte row segments; column sums u_j, o_j over the 8 row groups go
+// through shared memory, one barrier per token. (One thread per whole column, no reduction at
+// all, needs DK = 128 state registers and spills; scalar column loads reached ~80% of copy
+// bandwidth against ~95% for these row segments, measured on an H200.)
+// Conv ring: each v channel is read and written by the one block owning it (write after a
+// barrier). κ's q/k channels are read by all HV/HK·NS blocks of (b, κ); each counts itself in
+// ring_arrivals[b, κ] once it has read the ring, and the last one to arrive writes them (from
+// the raw m it kept) and resets the counter, so no block reads a slot already advanced.
+// (A thread-block cluster of those blocks would order it too, but a cluster of 3 cost 14% of
+// the bandwidth at B = 64, NS = 1 on an H200.) The NS slices of one v-head form a cluster of NS blocks:
+// the gated norm's Σo² over the head's DV columns is summed through distributed shared memory.
 // Each block recomputes κ's conv and l2 norms (2·DK channels: cheap next to its DK·DV/NS·8 bytes
-// of state traffic).
+// of state traffic). The state, pos and ntok loads are issued first, then `griddepcontrol.wait`
+// (a no-op unless the launch uses programmatic dependent launch), then everything else.
 //
 // Launch (GdnLaunch below holds the same numbers as constexpr):
-//   grid  = B · HV · NS blocks (1-D), cluster = (HV/HK) · NS blocks along x (compile-time
-//           __cluster_dims__, so a plain cuLaunchKernel works), cluster <= 8 (portable size)
-//   block = threads = 32 · ceil(DV/NS / 16)   (16 columns per warp)
-//   dynamic smem = smem_bytes = 16·(K−1)·groups + 4·PT·(2·DK + 3·cpad + 5 + warps) bytes,
-//           cpad = threads/2, groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
+//   grid  = B · HV · NS blocks (1-D), cluster = NS blocks along x (compile-time
+//           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
+//   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
+//           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
+//   dynamic smem = smem_bytes = 16·(K−1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 32·DV/NS) bytes,
+//           groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
-//           (DK = DV = 128, NS = 2: 1920 + 1828·PT bytes; PT = 16: 31 KB, PT = 64: 119 KB)
-// 27B decode, NS = 2: 96·B blocks of 128 threads (B = 1: 96 of the 132 SMs busy).
+//           (DK = DV = 128, NS = 2: 10112 + 1816·PT bytes; PT = 1: 12 KB, 16: 39 KB, 64: 126 KB)
+// 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
+//   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
+//   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
 //
 // Compiles alone (syntax only):
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gdn.cuh -o /dev/null
@@ -71,34 +80,41 @@ template <int DK, int DV, int HK, int HV, int K, int PT, int NS>
 struct GdnLaunch {
   static_assert(HV % HK == 0, "gdn: HV must be a multiple of HK");
   static_assert(K >= 2, "gdn: conv width K must be at least 2");
-  static_assert(DK % 8 == 0, "gdn: DK must be a multiple of 8 (16-byte groups, float4 halves)");
+  static_assert(DK % 8 == 0, "gdn: DK must be a multiple of 8 (16-byte groups, 8 row groups)");
   static_assert(DV % NS == 0 && (DV / NS) % 8 == 0, "gdn: DV/NS must be a multiple of 8");
   static_assert(PT >= 1, "gdn: PT >= 1");
   static constexpr int ratio = HV / HK;                 // v-heads per key head
   static constexpr int cols = DV / NS;                  // state columns per block
-  static constexpr int warps = (cols + 15) / 16;          // a warp: 16 columns × 2 row halves
-  static constexpr int threads = 32 * warps;
-  static constexpr int cpad = 16 * warps;               // columns incl. idle padding ones
-  static constexpr int cluster = ratio * NS;
-  static_assert(cluster <= 8, "gdn: (HV/HK)*NS must be <= 8 (portable cluster size)");
+  static constexpr int cgroups = cols / 4;              // float4 column groups
+  static constexpr int rgroups = 8;                     // a thread holds rows rg + 8·i
+  static constexpr int rows = DK / rgroups;             // state rows per thread (float4 each)
+  static constexpr int threads = (cgroups * rgroups + 31) / 32 * 32;
+  static constexpr int warps = threads / 32;
+  // Blocks per SM for the entry's __launch_bounds__(threads, min_blocks): caps a thread at 128
+  // registers (what it needs; without the cap ptxas takes ~130 and fits one block fewer per SM).
+  static constexpr int min_blocks = threads >= 512 ? 1 : 512 / threads;
+  static constexpr int cluster = NS;                    // the NS slices of one v-head
+  static_assert(cluster <= 8, "gdn: NS must be <= 8 (portable cluster size)");
+  static constexpr int readers = ratio * NS;            // blocks that read one key head's q/k ring
   static constexpr int C = 2 * HK * DK + HV * DV;       // conv channels
   static constexpr int Cv = HV * DV;                    // output width
   static constexpr int KC = K - 1;                      // ring slots
   static constexpr int groups = 2 * DK / 8 + cols / 8;  // 8-channel conv groups per block
-  // dynamic shared memory, in floats
+  // dynamic shared memory, in floats (every array a multiple of 4 floats: float4 access)
   static constexpr int off_m = 0;                       // uint4 [KC][groups] raw m of the last KC tokens
   static constexpr int off_q = off_m + 4 * KC * groups; // [PT][DK]  silu(conv) of κ's q
   static constexpr int off_k = off_q + PT * DK;         // [PT][DK]  ... of κ's k
-  static constexpr int off_v = off_k + PT * DK;         // [PT][cpad] v_j (bf16-exact)
-  static constexpr int off_o = off_v + PT * cpad;       // [PT][cpad] o_j (bf16-exact)
-  static constexpr int off_z = off_o + PT * cpad;       // [PT][cpad] z_j
-  static constexpr int off_dec = off_z + PT * cpad;     // [PT] e^g
+  static constexpr int off_v = off_k + PT * DK;         // [PT][cols] v_j (bf16-exact)
+  static constexpr int off_o = off_v + PT * cols;       // [PT][cols] o_j (bf16-exact)
+  static constexpr int off_z = off_o + PT * cols;       // [PT][cols] z_j
+  static constexpr int off_red = off_z + PT * cols;     // [2 parity][u | o][rgroups][cols] partial sums
+  static constexpr int off_dec = off_red + 4 * rgroups * cols;  // [PT] e^g
   static constexpr int off_beta = off_dec + PT;         // [PT] β
   static constexpr int off_iq = off_beta + PT;          // [PT] 1/(‖q‖·√DK)
   static constexpr int off_ik = off_iq + PT;            // [PT] 1/‖k‖
   static constexpr int off_rstd = off_ik + PT;          // [PT] 1/√(mean(o²)+eps)
-  static constexpr int off_ssq = off_rstd + PT;         // [PT][warps] per-warp Σo² (read by the cluster)
-  static constexpr int smem_floats = off_ssq + PT * warps;
+  static constexpr int off_ssq = off_rstd + PT;         // [PT] this block's Σo² (read by the cluster)
+  static constexpr int smem_floats = off_ssq + PT;
   static constexpr int smem_bytes = 4 * smem_floats;
   static constexpr int blocks_per_seq = HV * NS;
 };
@@ -150,7 +166,8 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 }  // namespace gdn_detail
 
 // The kernel body. Entry point (the emitter's / a test's; the cluster attribute is required):
-//   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<...>::threads)
+//   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<...>::threads,
+//                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
 template <int DK, int DV, int HK, int HV, int K, int PT, int NS>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
@@ -159,12 +176,12 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
                                           const float* __restrict__ A_log,
                                           const bf16* __restrict__ dt_bias,
                                           const float* __restrict__ norm_w, float eps,
-                                          bf16* __restrict__ ring, float* __restrict__ state,
-                                          const int* __restrict__ pos,
+                                          bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
+                                          float* __restrict__ state, const int* __restrict__ pos,
                                           const int* __restrict__ ntok, bf16* __restrict__ out) {
   using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS>;
-  constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps, CL = L::cluster;
-  constexpr int CP = L::cpad, DH = DK / 2;
+  constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
+  constexpr int CGR = L::cgroups, RGR = L::rgroups, RW = L::rows;
   constexpr int KC = L::KC, C = L::C, CV = L::Cv;
   constexpr int GQ = DK / 8, GV = COLS / 8;  // 8-channel groups: per q (or k) head, per v slice
   constexpr int NG = L::groups;              // = 2·GQ + GV
@@ -177,6 +194,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   float* const sv = sm + L::off_v;
   float* const so = sm + L::off_o;
   float* const sz = sm + L::off_z;
+  float* const sred = sm + L::off_red;
   float* const sdec = sm + L::off_dec;
   float* const sbeta = sm + L::off_beta;
   float* const siq = sm + L::off_iq;
@@ -189,26 +207,27 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   const int h = (blockIdx.x / NS) % HV;
   const int b = blockIdx.x / (NS * HV);
   const int kh = h / R;
-  const int rank = (h % R) * NS + s;  // == cluster block rank (blocks of a cluster are consecutive)
-  const int nt = min(max(ntok[b], 0), PT);
-  const int p0 = pos[b];
   const size_t row0 = (size_t)b * PT;
   const int c0 = s * COLS;  // this block's first column inside the head
   const bf16* ring_b = ring + (size_t)b * KC * C;
 
-  // 0. Issue this thread's state loads first: the state does not depend on the kernels before
-  // this one in the step, so its latency overlaps the conv below (and, when the launch uses
-  // programmatic dependent launch, the tail of the previous kernel).
-  // Lanes l and l^16 of warp w own column cl = 16w + (l & 15) of this block (j = c0 + cl in the
-  // head), rows [half·DK/2, (half+1)·DK/2).
-  const int cl = 16 * warp + (lane & 15), half = lane >> 4;
-  const bool act = cl < COLS;
-  const int j = c0 + (act ? cl : 0);
-  float* const Sp = state + ((size_t)(b * HV + h) * DK + half * DH) * DV + j;
-  float S[DH];
+  // 0. Issue this thread's state loads first: the state depends on no kernel of this step before
+  // this one, so its latency overlaps the conv below (and, when the launch uses programmatic
+  // dependent launch, the tail of the previous kernel: correct as long as that kernel, like this
+  // one, waits for its own predecessor before it ends, so this layer's previous step is done).
+  // Thread (cg, rg) owns columns j = c0 + 4cg … +3 (one float4) of rows rg + 8·i, i < DK/8:
+  // a warp reads 2 (DV/NS = 64) or 1 (DV/NS = 128) fully used 256/512-byte row segments per load.
+  const int cg = tid % CGR, rg = tid / CGR;
+  const bool act = rg < RGR;  // threads past cgroups·rgroups idle (small toy shapes only)
+  float* const Sp = state + ((size_t)(b * HV + h) * DK + (act ? rg : 0)) * DV + c0 + 4 * cg;
+  float4 S[RW];
 #pragma unroll
-  for (int i = 0; i < DH; ++i) S[i] = __ldcs(Sp + (size_t)i * DV);
-  // Wait for the producer of mz / ba (no-op unless launched with programmatic serialization).
+  for (int i = 0; i < RW; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
+  // pos and ntok were last written at the end of the previous step: read under the same rule.
+  const int nt = min(max(ntok[b], 0), PT);
+  const int p0 = pos[b];
+  // Wait for the producers of mz and ba (no-op unless launched with programmatic stream
+  // serialization).
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // 1. conv + SiLU of κ's q and k channels and this block's v channels (reads the ring), one
@@ -220,7 +239,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
       const int c = 8 * (g - NG);
       float z[8];
       unpack_bf16x8(ldg16(mz + (row0 + t) * (size_t)ld_mz + C + h * DV + c0 + c), z);
-      float4* d = reinterpret_cast<float4*>(sz + t * CP + c);
+      float4* d = reinterpret_cast<float4*>(sz + t * COLS + c);
       d[0] = make_float4(z[0], z[1], z[2], z[3]);
       d[1] = make_float4(z[4], z[5], z[6], z[7]);
       continue;
@@ -232,7 +251,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     } else if (g < 2 * GQ) {
       ch = HK * DK + kh * DK + 8 * (g - GQ), dst = sk + t * DK + 8 * (g - GQ);
     } else {
-      ch = 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ), dst = sv + t * CP + 8 * (g - 2 * GQ);
+      ch = 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ), dst = sv + t * COLS + 8 * (g - 2 * GQ);
     }
     const uint4 m = gdn_detail::conv8<K, C>(mz, ld_mz, row0, conv_w, ring_b, p0, t, ch, dst);
     if (t >= nt - KC) sm_m[(t - nt + KC) * NG + g] = m;
@@ -246,6 +265,15 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     sbeta[t] = 1.f / (1.f + expf(-to_f(bar[h])));
   }
   __syncthreads();
+  // This block has read the ring. The last of the HV/HK·NS blocks of (b, κ) to get here writes
+  // κ's q/k ring channels (step 3); it resets the counter, so every launch finds it at 0.
+  // (The atomic's answer is first needed after the recurrence, so its round trip overlaps it.)
+  __shared__ int s_last;
+  int arrived = 0;
+  if (tid == 0) {
+    __threadfence();
+    arrived = atomicAdd(ring_arrivals + b * HK + kh, 1);
+  }
   // l2 norms of q and k per token, one warp per vector: kept as factors, applied in the recurrence.
   for (int p = warp; p < 2 * nt; p += NW) {
     const float* v = (p & 1 ? sk : sq) + (p >> 1) * DK;
@@ -262,66 +290,102 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   __syncthreads();
 
-  // 2. The delta rule over the chunk, token by token, S in registers.
+  // 2. The delta rule over the chunk, token by token, S in registers. Column sums over the 8 row
+  // groups go through shared memory: token t's u partials and token t−1's o partials share one
+  // barrier (buffers alternate by token parity, so one __syncthreads per token).
+  auto finish_o = [&](int tt) {  // o of token tt for this thread's 4 columns (row group 0 only)
+    const float* ro = sred + (tt & 1) * 2 * RGR * COLS + RGR * COLS + 4 * cg;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < RGR; ++r) {
+      const float4 p = *reinterpret_cast<const float4*>(ro + r * COLS);
+      o.x += p.x, o.y += p.y, o.z += p.z, o.w += p.w;
+    }
+    const float iq = siq[tt];  // HF casts the delta-rule output to bf16
+    *reinterpret_cast<float4*>(so + tt * COLS + 4 * cg) =
+        make_float4(round_bf(o.x * iq), round_bf(o.y * iq), round_bf(o.z * iq), round_bf(o.w * iq));
+  };
 #pragma unroll 1
   for (int t = 0; t < nt; ++t) {
-    const float dec = sdec[t], beta = sbeta[t], ik = sik[t], iq = siq[t];
-    const float vj = sv[t * CP + cl];
-    const float4* k4 = reinterpret_cast<const float4*>(sk + t * DK + half * DH);
-    const float4* q4 = reinterpret_cast<const float4*>(sq + t * DK + half * DH);
-    // u = (e^g S)ᵀ k̂ = e^g ‖k‖⁻¹ Σ_i S[i,j] k_i
-    float u0 = 0.f, u1 = 0.f, u2 = 0.f, u3 = 0.f;
+    const float dec = sdec[t], beta = sbeta[t], ik = sik[t];
+    const float* kt = sk + t * DK + rg;  // k_i of this thread's rows: kt[8·i]
+    const float* qt = sq + t * DK + rg;
+    float* const red = sred + (t & 1) * 2 * RGR * COLS;
+    // partial u_j = Σ_{own rows} S[i,j] k_i
+    float4 up = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < DH / 4; ++i) {
-      const float4 kk = k4[i];
-      u0 = fmaf(S[4 * i], kk.x, u0);
-      u1 = fmaf(S[4 * i + 1], kk.y, u1);
-      u2 = fmaf(S[4 * i + 2], kk.z, u2);
-      u3 = fmaf(S[4 * i + 3], kk.w, u3);
+    for (int i = 0; i < RW; ++i) {
+      const float kk = kt[RGR * i];
+      up.x = fmaf(S[i].x, kk, up.x);
+      up.y = fmaf(S[i].y, kk, up.y);
+      up.z = fmaf(S[i].z, kk, up.z);
+      up.w = fmaf(S[i].w, kk, up.w);
     }
-    float u = (u0 + u1) + (u2 + u3);
-    u = (u + __shfl_xor_sync(0xffffffffu, u, 16)) * ik * dec;
-    const float dl = beta * (vj - u) * ik;  // δ_j / ‖k‖, so that S += k̂ δᵀ reads S += k_raw·dl
+    if (act) *reinterpret_cast<float4*>(red + rg * COLS + 4 * cg) = up;
+    __syncthreads();
+    if (t > 0 && act && rg == 0) finish_o(t - 1);
+    // u = (e^g S)ᵀ k̂ = e^g ‖k‖⁻¹ Σ_i S[i,j] k_i;  δ = β (v − u), kept divided by ‖k‖
+    float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < RGR; ++r) {
+      const float4 p = *reinterpret_cast<const float4*>(red + r * COLS + 4 * cg);
+      u.x += p.x, u.y += p.y, u.z += p.z, u.w += p.w;
+    }
+    const float4 v = *reinterpret_cast<const float4*>(sv + t * COLS + 4 * cg);
+    const float f = dec * ik, bk = beta * ik;
+    const float4 d = make_float4(bk * (v.x - u.x * f), bk * (v.y - u.y * f), bk * (v.z - u.z * f),
+                                 bk * (v.w - u.w * f));
     // Re-read k from shared memory below instead of keeping it live in registers.
     asm volatile("" ::: "memory");
-    // S ← e^g S + k̂ δᵀ;  o_j = Σ_i S[i,j] q̂_i with the updated S
-    float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+    // S ← e^g S + k̂ δᵀ (= k_raw · δ/‖k‖);  partial o_j = Σ_{own rows} S[i,j] q_i, updated S
+    float4 op = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < DH / 4; ++i) {
-      const float4 kk = k4[i];
-      const float4 qq = q4[i];
-      S[4 * i] = fmaf(dec, S[4 * i], kk.x * dl);
-      S[4 * i + 1] = fmaf(dec, S[4 * i + 1], kk.y * dl);
-      S[4 * i + 2] = fmaf(dec, S[4 * i + 2], kk.z * dl);
-      S[4 * i + 3] = fmaf(dec, S[4 * i + 3], kk.w * dl);
-      o0 = fmaf(S[4 * i], qq.x, o0);
-      o1 = fmaf(S[4 * i + 1], qq.y, o1);
-      o2 = fmaf(S[4 * i + 2], qq.z, o2);
-      o3 = fmaf(S[4 * i + 3], qq.w, o3);
+    for (int i = 0; i < RW; ++i) {
+      const float kk = kt[RGR * i], qq = qt[RGR * i];
+      S[i].x = fmaf(dec, S[i].x, kk * d.x);
+      S[i].y = fmaf(dec, S[i].y, kk * d.y);
+      S[i].z = fmaf(dec, S[i].z, kk * d.z);
+      S[i].w = fmaf(dec, S[i].w, kk * d.w);
+      op.x = fmaf(S[i].x, qq, op.x);
+      op.y = fmaf(S[i].y, qq, op.y);
+      op.z = fmaf(S[i].z, qq, op.z);
+      op.w = fmaf(S[i].w, qq, op.w);
     }
-    float o = (o0 + o1) + (o2 + o3);
-    o = round_bf((o + __shfl_xor_sync(0xffffffffu, o, 16)) * iq);  // HF casts it to bf16
-    if (half == 0) so[t * CP + cl] = o;
-    const float ss = warp_sum(half == 0 && act ? o * o : 0.f);
-    if (lane == 0) sssq[t * NW + warp] = ss;
+    if (act) *reinterpret_cast<float4*>(red + RGR * COLS + rg * COLS + 4 * cg) = op;
   }
   if (act) {
 #pragma unroll
-    for (int i = 0; i < DH; ++i) __stcs(Sp + (size_t)i * DV, S[i]);
+    for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), S[i]);
+  }
+  if (tid == 0) s_last = arrived == L::readers - 1;
+  __syncthreads();
+  if (nt > 0 && act && rg == 0) finish_o(nt - 1);
+  __syncthreads();
+  // This block's Σo² per token (over its COLS columns), one warp per token.
+  for (int t = warp; t < nt; t += NW) {
+    float ss = 0.f;
+    for (int c = lane; c < COLS; c += 32) ss = fmaf(so[t * COLS + c], so[t * COLS + c], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) sssq[t] = ss;
   }
 
-  // 3. Cluster barrier: every block of the cluster has read the ring (step 1) and published Σo².
-  namespace cg = cooperative_groups;
-  if constexpr (CL > 1)
-    cg::this_cluster().sync();
+  // 3. Cluster barrier: every block of the cluster has published its Σo².
+  namespace coop = cooperative_groups;
+  if constexpr (NS > 1)
+    coop::this_cluster().sync();
   else
     __syncthreads();
 
-  // Ring: the last min(nt, KC) tokens' raw m land in slot position % KC; q/k channels of κ are
-  // split over the cluster's ranks, the v channels are this block's own.
+  // Ring: the last min(nt, KC) tokens' raw m land in slot position % KC; the v channels are this
+  // block's own, κ's q/k channels are written by the last of their readers (after all reads).
+  const bool last = s_last;
+  if (last && tid == 0) {
+    __threadfence();
+    ring_arrivals[b * HK + kh] = 0;
+  }
   for (int idx = tid; idx < NG * KC; idx += NT) {
     const int g = idx % NG, t = nt - KC + idx / NG;
-    if (t < 0 || (g < 2 * GQ && g % CL != rank)) continue;
+    if (t < 0 || (g < 2 * GQ && !last)) continue;
     const int ch = g < GQ       ? kh * DK + 8 * g
                    : g < 2 * GQ ? HK * DK + kh * DK + 8 * (g - GQ)
                                 : 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ);
@@ -333,52 +397,49 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   for (int t = tid; t < nt; t += NT) {
     float tot = 0.f;
     if constexpr (NS > 1) {
-      cg::cluster_group cl = cg::this_cluster();
-      const int base = (h % R) * NS;
+      coop::cluster_group cl = coop::this_cluster();
 #pragma unroll
-      for (int r2 = 0; r2 < NS; ++r2) {
-        const float* rs = cl.map_shared_rank(sssq, base + r2);
-#pragma unroll
-        for (int w = 0; w < NW; ++w) tot += rs[t * NW + w];
-      }
+      for (int r2 = 0; r2 < NS; ++r2) tot += cl.map_shared_rank(sssq, r2)[t];
     } else {
-#pragma unroll
-      for (int w = 0; w < NW; ++w) tot += sssq[t * NW + w];
+      tot = sssq[t];
     }
     srstd[t] = 1.f / sqrtf(tot / (float)DV + eps);
   }
   __syncthreads();
   // No block may exit while a sibling still reads its Σo² (distributed shared memory).
-  if constexpr (NS > 1) cg::this_cluster().barrier_arrive();
+  if constexpr (NS > 1) coop::this_cluster().barrier_arrive();
 
   // 4. out = bf16( bf16(o·rstd) · w · silu(z) ); padding rows get 0.
   for (int idx = tid; idx < PT * COLS; idx += NT) {
     const int t = idx / COLS, c = idx % COLS;
     const int col = h * DV + c0 + c;
     float y = 0.f;
-    if (t < nt) y = round_bf(so[t * CP + c] * srstd[t]) * norm_w[c0 + c] * siluf_(sz[t * CP + c]);
+    if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * norm_w[c0 + c] * siluf_(sz[t * COLS + c]);
     out[(row0 + t) * (size_t)CV + col] = to_bf(y);
   }
-  if constexpr (NS > 1) cg::this_cluster().barrier_wait();
+  if constexpr (NS > 1) coop::this_cluster().barrier_wait();
 }
 
 }  // namespace q38
 
 #ifdef Q38_GDN_SELFCHECK
 #define Q38_GDN_SELFCHECK_ENTRY(name, DK, DV, HK, HV, K, PT, NS)                                  \
-  extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS>::threads) \
+  extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS>::threads,    \
+                                               q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS>::min_blocks) \
       __cluster_dims__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS>::cluster, 1, 1)                 \
           name(const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off,     \
                const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias,         \
-               const float* norm_w, float eps, q38::bf16* ring, float* state, const int* pos, \
-               const int* ntok, q38::bf16* out) {                                             \
+               const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals,          \
+               float* state, const int* pos, const int* ntok, q38::bf16* out) {               \
     q38::gdn_chunk<DK, DV, HK, HV, K, PT, NS>(mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log,      \
-                                              dt_bias, norm_w, eps, ring, state, pos, ntok, out); \
+                                              dt_bias, norm_w, eps, ring, ring_arrivals, state, \
+                                              pos, ntok, out);                                  \
   }
 Q38_GDN_SELFCHECK_ENTRY(gdn_tiny_pt1_ns2, 128, 128, 2, 6, 4, 1, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_tiny_pt16_ns2, 128, 128, 2, 6, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns1, 128, 128, 16, 48, 4, 1, 1)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns2, 128, 128, 16, 48, 4, 1, 2)
+Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns4, 128, 128, 16, 48, 4, 1, 4)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt16_ns2, 128, 128, 16, 48, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt64_ns2, 128, 128, 16, 48, 4, 64, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)

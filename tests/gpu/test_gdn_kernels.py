@@ -71,24 +71,24 @@ GEOMS = {
 def launch_py(g: Geom, pt: int, ns: int) -> dict:
     """Python mirror of q38::GdnLaunch (checked against the module's constants)."""
     cols = g.dv // ns
-    warps = -(-cols // 16)
-    threads, cpad = 32 * warps, 16 * warps
+    threads = -(-(8 * cols // 4) // 32) * 32          # 8 row groups × float4 column groups
     groups = (2 * g.dk + cols) // 8
-    smem = 16 * (K - 1) * groups + 4 * pt * (2 * g.dk + 3 * cpad + 5 + warps)
-    return {"threads": threads, "cluster": (g.hv // g.hk) * ns, "smem": smem,
-            "blocks_per_seq": g.hv * ns}
+    smem = 16 * (K - 1) * groups + 4 * (pt * (2 * g.dk + 3 * cols + 6) + 32 * cols)
+    return {"threads": threads, "cluster": ns, "smem": smem,
+            "blocks_per_seq": g.hv * ns, "min_blocks": max(1, 512 // threads)}
 
 
 PARAMS = ("const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off, "
           "const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias, "
-          "const float* norm_w, float eps, q38::bf16* ring, float* state, const int* pos, "
-          "const int* ntok, q38::bf16* out")
-ARGS = "mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring, state, pos, ntok, out"
+          "const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals, float* state, "
+          "const int* pos, const int* ntok, q38::bf16* out")
+ARGS = ("mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring, ring_arrivals, "
+        "state, pos, ntok, out")
 
 # (geometry, PT, NS) instantiated in the test module
-VARIANTS = [("tiny", 1, 2), ("tiny", 1, 1), ("27b", 1, 2), ("27b", 1, 1), ("toy", 1, 1),
-            ("tiny", 4, 2), ("tiny", 16, 2), ("tiny", 64, 2), ("27b", 4, 2), ("27b", 16, 2),
-            ("27b", 16, 1), ("toy", 4, 1)]
+VARIANTS = [("tiny", 1, 2), ("tiny", 1, 1), ("tiny", 1, 4), ("27b", 1, 2), ("27b", 1, 1),
+            ("27b", 1, 4), ("toy", 1, 1), ("tiny", 4, 2), ("tiny", 16, 2), ("tiny", 64, 2),
+            ("27b", 4, 2), ("27b", 16, 2), ("27b", 16, 1), ("27b", 16, 4), ("toy", 4, 1)]
 
 
 def entry_name(geom: str, pt: int, ns: int) -> str:
@@ -100,9 +100,9 @@ def entry_src(geom: str, pt: int, ns: int) -> str:
     t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, {ns}"
     L = f"q38::GdnLaunch<{t}>"
     n = entry_name(geom, pt, ns)
-    return (f"__constant__ int {n}_launch[4] = {{{L}::threads, {L}::cluster, {L}::smem_bytes, "
-            f"{L}::blocks_per_seq}};\n"
-            f'extern "C" __global__ void __launch_bounds__({L}::threads) '
+    return (f"__constant__ int {n}_launch[5] = {{{L}::threads, {L}::cluster, {L}::smem_bytes, "
+            f"{L}::blocks_per_seq, {L}::min_blocks}};\n"
+            f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks) '
             f"__cluster_dims__({L}::cluster, 1, 1)\n"
             f"{n}({PARAMS}) {{ q38::gdn_chunk<{t}>({ARGS}); }}\n")
 
@@ -119,9 +119,9 @@ def kernel(mod, geom: str, pt: int, ns: int):
 
     n = entry_name(geom, pt, ns)
     ptr, _ = mod.get_global(f"{n}_launch")
-    c = np.zeros(4, dtype=np.int32)
+    c = np.zeros(5, dtype=np.int32)
     drv.memcpy_dtoh(c, ptr)
-    got = dict(zip(("threads", "cluster", "smem", "blocks_per_seq"), map(int, c)))
+    got = dict(zip(("threads", "cluster", "smem", "blocks_per_seq", "min_blocks"), map(int, c)))
     assert got == launch_py(GEOMS[geom], pt, ns)
     fn = mod.get_function(n)
     if got["smem"] > 48 * 1024:
@@ -184,13 +184,15 @@ def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict):
     d_dt = to_gpu(inp["dt_bias"].astype(BF16))
     d_nw = to_gpu(inp["norm_w"].astype(np.float32))
     d_ring = to_gpu(inp["ring"].astype(BF16))
+    d_arr = to_gpu(np.zeros(B * g.hk, dtype=np.int32))
     d_state = to_gpu(inp["state"].astype(np.float32))
     d_pos = to_gpu(inp["pos"].astype(np.int32))
     d_ntok = to_gpu(inp["ntok"].astype(np.int32))
     d_out = poisoned((B * pt, g.Cv), BF16)
     fn(d_mz, np.int32(inp["ld_mz"]), d_ba, np.int32(inp["ld_ba"]), np.int32(inp["ba_off"]),
-       d_w, d_A, d_dt, d_nw, np.float32(EPS), d_ring, d_state, d_pos, d_ntok, d_out,
+       d_w, d_A, d_dt, d_nw, np.float32(EPS), d_ring, d_arr, d_state, d_pos, d_ntok, d_out,
        block=(L["threads"], 1, 1), grid=(B * L["blocks_per_seq"], 1, 1), shared=L["smem"])
+    assert not d_arr.get().any(), "ring_arrivals not left at 0"
     f = np.float64
     return d_out.get().astype(f), d_ring.get().astype(f), d_state.get().astype(f)
 
@@ -228,7 +230,7 @@ def seed_of(*key) -> int:
 
 
 DECODE = [("tiny", B, 2) for B in (1, 2, 3, 17)] + [("27b", B, 2) for B in (1, 2, 3, 17)] + [
-    ("tiny", 3, 1), ("27b", 3, 1), ("toy", 3, 1)]
+    (g, B, ns) for g in ("tiny", "27b") for B in (1, 3, 17) for ns in (1, 4)] + [("toy", 3, 1)]
 
 
 @pytest.mark.parametrize("geom,B,ns", DECODE, ids=[f"{g}-B{b}-ns{n}" for g, b, n in DECODE])
@@ -238,7 +240,7 @@ def test_gdn_decode(mod, geom, B, ns):
 
 
 PREFILL = [(g, B, pt, 2) for g in ("tiny", "27b") for B in (1, 3) for pt in (4, 16)] + [
-    ("tiny", 2, 64, 2), ("27b", 3, 16, 1), ("toy", 3, 4, 1)]
+    ("tiny", 2, 64, 2), ("27b", 3, 16, 1), ("27b", 3, 16, 4), ("toy", 3, 4, 1)]
 
 
 @pytest.mark.parametrize("geom,B,pt,ns", PREFILL,
