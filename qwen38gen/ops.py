@@ -134,18 +134,22 @@ def rmsnorm_entry(h: int) -> Entry:
                  asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
 
-GDN_NS = 2  # column slices per v-head: 2·Hv blocks per sequence keep the SMs busy at B = 1
+# Column slices per v-head. One for every batch: NS changes how the gated norm's sum is formed,
+# and a fixed NS keeps a row's result bitwise the same at every B (the equivalence locks).
+GDN_NS = 1
 
 
 def gdn_launch(cfg: ModelConfig, pt: int) -> dict:
-    dk, dv, hk, hv = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                      cfg.linear_num_key_heads, cfg.linear_num_value_heads)
+    """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree)."""
+    dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                         cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                         cfg.linear_conv_kernel_dim)
     cols = dv // GDN_NS
-    warps = cdiv(cols, 16)
-    threads, cpad = 32 * warps, 16 * warps
-    smem = 4 * pt * (2 * dk + 2 * cpad + 5 + warps)
-    return {"threads": threads, "smem": smem, "cluster": (hv // hk) * GDN_NS,
-            "blocks_per_seq": hv * GDN_NS}
+    threads = cdiv((cols // 4) * 8, 32) * 32
+    groups = 2 * dk // 8 + cols // 8
+    floats = 4 * (k - 1) * groups + pt * (2 * dk + 3 * cols) + 4 * 8 * cols + 6 * pt
+    return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
+            "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS}
 
 
 def gdn_entry(cfg: ModelConfig, pt: int) -> Entry:
@@ -158,12 +162,13 @@ def gdn_entry(cfg: ModelConfig, pt: int) -> Entry:
         f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>",
         ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
          (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"), ("const float*", "norm_w"),
-         ("float", "eps"), ("q38::bf16*", "ring"), ("float*", "state"), (I32, "pos"),
-         (I32, "ntok"), ("q38::bf16*", "out")),
-        L["threads"], smem=L["smem"], cluster=L["cluster"],
+         ("float", "eps"), ("q38::bf16*", "ring"), ("int*", "ring_arrivals"), ("float*", "state"),
+         (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "out")),
+        L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
         asserts=(f"q38::GdnLaunch<{targs}>::threads == {L['threads']}",
                  f"q38::GdnLaunch<{targs}>::smem_bytes == {L['smem']}",
-                 f"q38::GdnLaunch<{targs}>::cluster == {L['cluster']}"))
+                 f"q38::GdnLaunch<{targs}>::cluster == {L['cluster']}",
+                 f"q38::GdnLaunch<{targs}>::min_blocks == {L['min_blocks']}"))
 
 
 def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
@@ -280,6 +285,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         "topk_val": {"dtype": "float32", "shape": [B, TOPK]},
         "topk_idx": {"dtype": "int32", "shape": [B, TOPK]},
         "nextval": {"dtype": "float32", "shape": [B]},
+        # Arrival counters of the GDN conv-ring write; every launch leaves them at zero.
+        "ring_arrivals": {"dtype": "int32", "shape": [B, cfg.linear_num_key_heads]},
         "conv": {"dtype": "bfloat16", "state": True,
                  "shape": [len(cfg.linear_layers), B, cfg.linear_conv_kernel_dim - 1, C]},
         "rec": {"dtype": "float32", "state": True,
@@ -325,6 +332,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                                    ["t", la_ + "A_log"], ["t", la_ + "dt_bias"],
                                    ["t", la_ + "norm.weight"], ["f32", eps],
                                    buf("conv", lg[i] * B * (cfg.linear_conv_kernel_dim - 1) * C),
+                                   buf("ring_arrivals"),
                                    buf("rec", lg[i] * B * hv * cfg.linear_key_head_dim
                                        * cfg.linear_value_head_dim),
                                    buf("pos"), buf("ntok"), buf("o")]})
