@@ -358,14 +358,16 @@ def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw)
 
 @cli.command("golden")
 @click.option("--update", is_flag=True, help="Regenerate with the batch-1 program on the GPU.")
-def golden_cmd(update):
+@click.option("--candidate", type=click.Path(path_type=Path), default=None,
+              help="With --update: also write the new runs here, even if they fail validation.")
+def golden_cmd(update, candidate):
     """Show, validate (CPU) or regenerate (GPU) the golden single-sequence runs."""
     from qwen38gen import golden as G
     from qwen38gen.check import update_golden, validate_golden
 
     cols = ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status")
     if update:
-        res, path = update_golden()
+        res, path = update_golden(candidate=candidate)
         _outcome_table("golden vs numpy reference", cols, res)
         if path is None:
             err.print("the batch-1 program disagrees with the reference; golden file NOT written")

@@ -104,8 +104,11 @@ def validate_golden(g: G.Golden) -> Outcome:
     return out
 
 
-def update_golden(cfg: ModelConfig | None = None) -> tuple[Outcome, Path | None]:
-    """Produce the golden runs with the batch-1 program; write them only if the reference agrees."""
+def update_golden(cfg: ModelConfig | None = None,
+                  candidate: Path | None = None) -> tuple[Outcome, Path | None]:
+    """Produce the golden runs with the batch-1 program; write them only if the reference agrees.
+
+    ``candidate``: also write the runs there whatever the outcome (for inspecting a failure)."""
     cfg = cfg or PRESETS[G.MODEL]
     lanes = G.golden_lanes()
     prompts = G.golden_prompts(cfg)
@@ -116,6 +119,8 @@ def update_golden(cfg: ModelConfig | None = None) -> tuple[Outcome, Path | None]
     g = G.Golden(cfg_hash=cfg.hash, lane=lanes.name, seed=G.SEED, steps=G.STEPS,
                  sequences=[{"prompt": s["prompt"], "tokens": s["tokens"], "topk": s["topk"]}
                             for s in seqs])
+    if candidate is not None:
+        Path(candidate).write_text(g.to_json())
     out = validate_golden(g)
     if not out.ok:
         return out, None

@@ -35,11 +35,14 @@ STEPS = 64
 # Named tolerances, each with its reason (STYLE.md 8). Values are absolute logit differences or
 # margins in logit units; the tiny model's logits have a standard deviation of about 1.
 TOLERANCES = {
-    "logit_abs": (0.08, "GPU logits are bf16 after a bf16 residual stream through 8 layers; the "
-                        "reference is fp32 on the same dequantized int4 weights"),
-    "argmax_margin": (0.16, "the argmax must agree wherever the reference's top-2 margin exceeds "
-                            "twice the logit tolerance"),
-    "state_rel": (3e-2, "fp32 recurrent state fed by bf16 activations: relative Frobenius error"),
+    "logit_abs": (0.25, "GPU logits are bf16 after a bf16 residual stream through 8 layers; the "
+                        "reference is fp32 on the same dequantized int4 weights. HF's own bf16 "
+                        "run of these weights is up to 0.15 off the reference over 20 steps"),
+    "argmax_margin": (0.5, "the argmax must agree wherever the reference's top-2 margin exceeds "
+                           "twice the logit tolerance"),
+    "state_rel": (6e-2, "fp32 recurrent state and bf16 K cache fed by bf16 activations, relative "
+                        "Frobenius error; HF's bf16 run of these weights reaches 2.6e-2 after "
+                        "134 tokens"),
 }
 
 

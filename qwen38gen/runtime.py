@@ -37,6 +37,12 @@ def _drv():
     return drv
 
 
+def _host(arr: np.ndarray) -> np.ndarray:
+    """Contiguous bytes PyCUDA can copy (it cannot buffer ml_dtypes' bfloat16: view as uint16)."""
+    a = np.ascontiguousarray(arr)
+    return a.view(np.uint16) if a.dtype == BF16 else a
+
+
 class _Graphs:
     """Stream capture and replay through libcuda."""
 
@@ -163,12 +169,12 @@ class Runtime:
         for name, spec in man["weights"].items():
             q, s = fused_arrays(spec, packed)
             for part, arr in (("qweight", q), ("scales", s)):
-                g = drv.to_device(np.ascontiguousarray(arr))
+                g = drv.to_device(_host(arr))
                 self.mem[("w", name, part)] = g
                 self.ptr[("w", name, part)] = int(g)
         for name, dt in man["tensors"].items():
-            arr = np.ascontiguousarray(np.asarray(packed[name], dtype=np.float32).astype(DT[dt]))
-            g = drv.to_device(arr)
+            arr = np.asarray(packed[name], dtype=np.float32).astype(DT[dt])
+            g = drv.to_device(_host(arr))
             self.mem[("t", name)] = g
             self.ptr[("t", name)] = int(g)
         self.bufs = {}
@@ -220,15 +226,15 @@ class Runtime:
 
     def put(self, name: str, arr: np.ndarray):
         g, shape, dt = self.bufs[name]
-        a = np.ascontiguousarray(arr, dtype=dt)
+        a = _host(np.asarray(arr).astype(dt))
         assert a.size <= int(np.prod(shape)), name
-        self.drv.memcpy_htod_async(g, a, self.stream)
+        self.drv.memcpy_htod(g, a)  # synchronous: the host array may be freed after return
 
     def get(self, name: str) -> np.ndarray:
         g, shape, dt = self.bufs[name]
         out = np.empty(shape, dt)
-        self.drv.memcpy_dtoh_async(out, g, self.stream)
         self.stream.synchronize()
+        self.drv.memcpy_dtoh(_host(out), g)
         return out
 
     def reset(self):

@@ -1,46 +1,56 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root: install PyCUDA from the wheels in .gpu/ (copied from
-# shared/device by `make device-prep`), run the GPU tests, regenerate the golden runs if asked
+# shared/device by `make device-prep`), run the GPU tests (TESTS=1), regenerate the golden runs
 # (GOLDEN=1), gate one program with its cubin loaded, run `qwen38gen check` at several B, run
-# compute-sanitizer on one prefill chunk + one decode step, and print a summary table last.
+# compute-sanitizer memcheck and racecheck on one prefill chunk + one decode step, and print a
+# summary table last. Logs go to $OUT/device.log; a regenerated golden file is copied to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwen38-out}
 mkdir -p "$OUT"
+LOG="$OUT/device.log"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 QWEN38_CACHE=/tmp/q38cache
+export PYTHONUNBUFFERED=1 QWEN38_CACHE=/tmp/q38cache OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 Q="python3 -m cli"
 declare -a SUMMARY
 note() { SUMMARY+=("$(printf '%-44s %s' "$1" "$2")"); }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+section() { echo; echo "==== $* ===="; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
+{
 if [ "${TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -s -p no:cacheprovider tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
-  note "pytest tests/gpu" "rc=${PIPESTATUS[0]}: $(tail -1 "$OUT/gpu-tests.log")"
+  section "pytest tests/gpu"
+  python3 -m pytest -q -s -p no:cacheprovider tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} > /tmp/t.log 2>&1
+  rc=$?; cat /tmp/t.log
+  note "pytest tests/gpu" "rc=$rc: $(tail -1 /tmp/t.log)"
 fi
 
 if [ "${GOLDEN:-0}" = 1 ]; then
-  $Q golden --update 2>&1 | tee "$OUT/golden.log"; rc=${PIPESTATUS[0]}
+  section "golden --update"
+  $Q golden --update --candidate "$OUT/golden-candidate.json"; rc=$?
   cp golden/*.json "$OUT/" 2>/dev/null
   note "golden --update" "rc=$rc"
 fi
 
-$Q emit --batch 16 -o /tmp/q38/tiny-b16.cu >/dev/null && $Q gate -q /tmp/q38/tiny-b16.cu 2>&1 | tail -2 | tee "$OUT/gate.log"
-note "gate tiny b16 (cubin loaded)" "rc=${PIPESTATUS[0]}"
+section "gate"
+$Q emit --batch 16 -o /tmp/q38/tiny-b16.cu && $Q gate -q /tmp/q38/tiny-b16.cu
+note "gate tiny b16 (cubin loaded)" "rc=$?"
 
 for B in ${CHECK_B:-1 2 3 16 17 64}; do
-  $Q check --batch "$B" > "$OUT/check-b$B.log" 2>&1; rc=$?
-  tail -4 "$OUT/check-b$B.log"
-  note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' "$OUT/check-b$B.log" | tail -1)"
+  section "check --batch $B"
+  $Q check --batch "$B" > /tmp/c.log 2>&1; rc=$?; cat /tmp/c.log
+  note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
 done
 
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/one_step.py 3 > "$OUT/sanitize-$tool.log" 2>&1
-    rc=$?
-    note "compute-sanitizer $tool (prefill+decode)" "rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+    section "compute-sanitizer $tool"
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/one_step.py 3 > /tmp/s.log 2>&1
+    rc=$?; tail -5 /tmp/s.log
+    note "compute-sanitizer $tool (prefill+decode)" "rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.log | tail -1)"
   done
 fi
+} > "$LOG" 2>&1
 
 echo; echo "==== summary ===="
-printf '%s\n' "${SUMMARY[@]}"
+printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
