@@ -349,7 +349,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                 s.append({"k": at.name, "grid": [B * Hkv, pt, 1],
                           "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kv("kc"), kv("vc"),
                                    ["tmax"], buf("pos"), buf("ntok"), buf("o")]})
-            s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=plan.buffers["o"]["shape"][1]))
+            # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention.
+            s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
             s.append({"k": norm.name, "grid": [R, 1, 1],
                       "args": [buf("x"), ["t", p + "post_attention_layernorm.weight"], buf("h"),
                                ["f32", eps]]})

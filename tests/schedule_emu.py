@@ -1,0 +1,150 @@
+"""Run an emitted program's manifest schedule in numpy, each launch by the numpy op of its
+kernel (tests/gpu/ref_ops.py), on the manifest's own buffers, offsets and strides.
+
+It checks the emitter's plan (argument order, buffer offsets, strides, grids) on the CPU, where no
+kernel can run: if the schedule is wired right, the emulated program computes what the numpy
+reference computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qwen38gen.runtime import fused_arrays, pack_weights
+from qwen38gen.weights import dequantize
+from tests.gpu import ref_ops as R
+
+
+class Emu:
+    def __init__(self, man: dict, cfg, tensors: dict, tmax: int):
+        self.man, self.cfg, self.tmax = man, cfg, tmax
+        packed = pack_weights(cfg, tensors)
+        self.W = {}
+        for name, spec in man["weights"].items():
+            q, s = fused_arrays(spec, packed)
+            self.W[name] = dequantize(q, s, (spec["rows"], spec["k"])).astype(np.float64)
+        self.T = {n: np.asarray(packed[n], dtype=np.float64) for n in man["tensors"]}
+        self.buf = {}
+        for n, spec in man["buffers"].items():
+            shape = [tmax if d == "Tmax" else d for d in spec["shape"]]
+            dt = np.int64 if spec["dtype"] == "int32" else np.float64
+            self.buf[n] = np.zeros(int(np.prod(shape)), dt)
+        self.B = man["lanes"]["batch"]
+
+    def view(self, arg, shape):
+        """A flat view of a buffer at the argument's element offset, reshaped."""
+        _, name, off, per = arg
+        o = off + per * self.tmax
+        n = int(np.prod(shape))
+        return self.buf[name][o:o + n].reshape(shape)
+
+    def run(self, phase: str):
+        pt = self.man["schedule"]["prefill_pt"] if phase == "prefill" else 1
+        for L in self.man["schedule"][phase]:
+            getattr(self, "k_" + L["k"].split("_")[1])(L, pt)
+
+    # -- one method per kernel family, named by the entry's second word
+    def k_embed(self, L, pt):
+        E = self.T[L["args"][0][1]]
+        R_ = self.B * pt
+        tok = self.view(L["args"][1], (R_,))
+        self.view(L["args"][2], (R_, E.shape[1]))[:] = E[tok]
+
+    def k_rmsnorm(self, L, pt):
+        w = self.T[L["args"][1][1]]
+        R_, H = L["grid"][0], w.shape[0]
+        x = self.view(L["args"][0], (R_, H))
+        self.view(L["args"][2], (R_, H))[:] = R.rms1p(x, w, L["args"][3][1])
+
+    def k_gemv(self, L, pt):
+        a = L["args"]
+        W = self.W[a[0][1]]
+        ldx, ldy, N, R_ = a[3][1], a[5][1], a[6][1], a[7][1]
+        K = W.shape[1]
+        x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
+        y = self.view(a[4], (R_, ldy))
+        out = x @ W[:N].T
+        if L["k"].endswith("_e1"):
+            y[:, :N] += out
+        else:
+            y[:, :N] = out
+
+    def k_swiglu(self, L, pt):
+        R_ = L["grid"][1]
+        F = self.cfg.intermediate_size
+        gu = self.view(L["args"][0], (R_, 2 * F))
+        self.view(L["args"][1], (R_, F))[:] = R.swiglu(gu, F)
+
+    def k_gdn(self, L, pt):
+        c = self.cfg
+        a = L["args"]
+        B, R_ = self.B, self.B * pt
+        ld = a[1][1]
+        C, Cv, hv = c.conv_dim, c.linear_value_dim, c.linear_num_value_heads
+        proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
+        mz = proj
+        ba = proj[:, a[2][2]:]
+        ring = self.view(a[10], (B, c.linear_conv_kernel_dim - 1, C))
+        st = self.view(a[12], (B, hv, c.linear_key_head_dim, c.linear_value_head_dim))
+        pos = self.view(a[13], (B,))
+        ntok = self.view(a[14], (B,))
+        out, ring2, st2 = R.gdn_chunk(
+            mz, ba, a[4][1], self.T[a[5][1]][:, 0, :], self.T[a[6][1]], self.T[a[7][1]],
+            self.T[a[8][1]], a[9][1], ring, st, pos, ntok, hk=c.linear_num_key_heads, hv=hv,
+            dk=c.linear_key_head_dim, dv=c.linear_value_head_dim, pt=pt)
+        ring[:], st[:] = ring2, st2
+        self.view(a[15], (R_, Cv))[:] = out
+
+    def k_attn(self, L, pt):
+        c = self.cfg
+        a = L["args"]
+        B, R_ = self.B, self.B * pt
+        H, HKV, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if L["k"].startswith("q38_attn_prep"):
+            qkv = self.view(a[0], (R_, a[1][1]))
+            pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
+            rows = np.array([pos[r // pt] + r % pt for r in range(R_)])
+            q, k, v, _ = R.attn_prep(qkv, self.T[a[2][1]], self.T[a[3][1]], a[4][1], a[5][1],
+                                     rows, H, HKV, D, c.rotary_dim)
+            self.view(a[8], (R_, H, D))[:] = q
+            kc = self.view(a[9], (B, HKV, self.tmax, D))
+            vc = self.view(a[10], (B, HKV, self.tmax, D))
+            for r in range(R_):
+                b, t = divmod(r, pt)
+                if t < ntok[b]:
+                    kc[b, :, pos[b] + t], vc[b, :, pos[b] + t] = k[r], v[r]
+            return
+        qb = self.view(a[0], (R_, H, D))
+        qkv = self.view(a[1], (R_, a[2][1]))
+        _, gate, _, _ = R.attn_split_qkv(qkv, H, HKV, D)
+        kc = self.view(a[3], (B, HKV, self.tmax, D))
+        vc = self.view(a[4], (B, HKV, self.tmax, D))
+        pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
+        o = self.view(a[8], (R_, H * D))
+        for r in range(R_):
+            b, t = divmod(r, pt)
+            if t >= ntok[b]:
+                o[r] = 0
+                continue
+            p = pos[b] + t
+            o[r] = R.gated_attention_row(qb[r], gate[r], kc[b, :, :p + 1], vc[b, :, :p + 1])
+
+    def k_gather(self, L, pt):
+        H = self.cfg.hidden_size
+        x = self.view(L["args"][0], (self.B * pt, H))
+        ntok = self.view(L["args"][1], (self.B,))
+        y = self.view(L["args"][2], (self.B, H))
+        for b in range(self.B):
+            y[b] = x[b * pt + max(ntok[b] - 1, 0)]
+
+    def k_argmax(self, L, pt):
+        lg = self.view(L["args"][0], (self.B, self.cfg.vocab_size))
+        i, v = R.argmax_rows(lg)
+        self.view(L["args"][1], (self.B,))[:] = i
+        self.view(L["args"][2], (self.B,))[:] = v
+
+    def k_advance(self, L, pt):
+        self.view(L["args"][0], (self.B,))[:] += self.view(L["args"][1], (self.B,))
+
+    def k_topk(self, L, pt):
+        pass
