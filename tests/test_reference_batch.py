@@ -16,7 +16,7 @@ from qwen38gen.config import DECODER, PRESETS
 from qwen38gen.reference import Reference, conv_to_ring, gdn_chunked, gdn_recurrent, l2n, rms1p
 from qwen38gen.weights import synthetic_weights
 
-from _blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
+from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 
 SEED = 3
 PROMPT_LENGTHS = (1, 5, 67, 3)

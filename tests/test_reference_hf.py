@@ -39,7 +39,7 @@ from qwen38gen.config import DECODER, MTP, PRESETS
 from qwen38gen.reference import Reference, rms1p, rope, sigmoid, silu
 from qwen38gen.weights import save_checkpoint, synthetic_weights
 
-from _blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS / torch thread)
+from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS / torch thread)
 
 SEED = 1
 PROMPT_LENGTHS = (1, 2, 67, 70)
