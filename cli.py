@@ -422,6 +422,60 @@ def check(**lane_kw):
     sys.exit(0 if res.ok else 1)
 
 
+# ---------------------------------------------------------------------------------------- bench
+def _int_list(s: str, what: str) -> list[int]:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what} {s!r} is not a comma-separated list of integers") from None
+    if not v or min(v) < 1:
+        raise UserError(f"{what} {s!r} needs positive integers, e.g. 1,16,64")
+    return v
+
+
+@cli.command()
+@click.option("--model", default="qwen3.8-27b", show_default=True)
+@click.option("--batch", "batches", default="1,2,4,8,16,32,64", show_default=True,
+              help="Comma-separated batch sizes.")
+@click.option("--ctx", type=int, default=1024, show_default=True, help="Cached tokens T.")
+@click.option("--reps", type=int, default=30, show_default=True, help="Timed replays (≥ 20).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
+@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
+              help="PNG of tok/s and the floor against B.")
+def bench(model, batches, ctx, reps, json_out, plot_out):
+    """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
+    from qwen38gen import bench as Bm
+    from qwen38gen.config import load_config
+    from qwen38gen.emit import _atomic_write
+
+    cfg = load_config(model)
+    bs = _int_list(batches, "--batch")
+    if reps < 20:
+        raise UserError(f"--reps {reps}: the median needs at least 20 timed replays")
+    if ctx < 1:
+        raise UserError(f"--ctx {ctx} must be ≥ 1")
+    with err.status("bench") as st:
+        bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m))
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
+                    "(measured in this run)")
+    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
+              "gemv", "delta rule", "attention", "rest"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
+        t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
+                  f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
+    out.print(t)
+    import subprocess
+
+    dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    if json_out:
+        _atomic_write(Path(json_out), json.dumps(Bm.to_json(cfg, ctx, bw, rows, dev), indent=1) + "\n")
+    if plot_out:
+        Bm.plot(plot_out, cfg, ctx, bw, rows)
+
+
 def main(argv=None):
     try:
         rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)

@@ -125,8 +125,37 @@ def pack_weights(cfg: ModelConfig, tensors: dict) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class DeviceFill:
+    """Weights made on the GPU from a seed (kernels/fill.cuh): the benchmark's 13 GB of int4
+    weights need no checkpoint and no host copy. Codes are uniform; scales keep y = W x O(|x|)."""
+
+    seed: int = 0
+
+
+def _fill_module():
+    from pycuda.compiler import SourceModule
+
+    src = (KERNELS / "fill.cuh").read_text().replace('#include "common.cuh"',
+                                                     (KERNELS / "common.cuh").read_text())
+    src += (
+        'extern "C" __global__ void __launch_bounds__(256) q38_fill_u32(uint32_t* p, size_t n, '
+        "uint64_t s) { q38::fill_u32(p, n, s); }\n"
+        'extern "C" __global__ void __launch_bounds__(256) q38_fill_bf16(q38::bf16* p, size_t n, '
+        "uint64_t s, float lo, float hi) { q38::fill_bf16(p, n, s, lo, hi); }\n"
+        'extern "C" __global__ void __launch_bounds__(256) q38_fill_f32(float* p, size_t n, '
+        "uint64_t s, float lo, float hi) { q38::fill_f32(p, n, s, lo, hi); }\n")
+    return SourceModule(src, no_extern_c=True, arch="sm_90", options=["-std=c++17"])
+
+
+KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+
+
 class Runtime:
-    """One emitted program on one GPU, with its weights and the state of B sequences."""
+    """One emitted program on one GPU, with its weights and the state of B sequences.
+
+    ``tensors``: HF-named arrays (float, bf16 or `QuantizedTensor`), or a `DeviceFill`.
+    """
 
     def __init__(self, cubin: str | Path, manifest: dict, cfg: ModelConfig, tensors: dict,
                  tmax: int):
@@ -149,7 +178,12 @@ class Runtime:
                 if k["smem"] > 48 * 1024:
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k["smem"])
                 self.fns[name] = fn
-            self._alloc(pack_weights(cfg, tensors))
+            if isinstance(tensors, DeviceFill):
+                self._fill = _fill_module()
+                self._alloc_filled(tensors.seed)
+            else:
+                self._alloc(pack_weights(cfg, tensors))
+            self._alloc_buffers()
             self.graphs = _Graphs()
             self.launches = {ph: self._resolve(manifest["schedule"][ph])
                              for ph in ("decode", "prefill", "topk")}
@@ -177,6 +211,42 @@ class Runtime:
             g = drv.to_device(_host(arr))
             self.mem[("t", name)] = g
             self.ptr[("t", name)] = int(g)
+
+    def fill(self, g, n: int, dtype: str, seed: int, lo: float = 0.0, hi: float = 1.0):
+        """Fill n elements at device pointer g with seeded uniform values (u32: random bits)."""
+        f = self._fill.get_function({"u32": "q38_fill_u32", "bfloat16": "q38_fill_bf16",
+                                     "float32": "q38_fill_f32"}[dtype])
+        args = [np.uintp(int(g)), np.uint64(n), np.uint64(seed)]
+        if dtype != "u32":
+            args += [np.float32(lo), np.float32(hi)]
+        f(*args, grid=(1024, 1, 1), block=(256, 1, 1), stream=self.stream)
+
+    def _alloc_filled(self, seed: int):
+        drv, man = self.drv, self.manifest
+        self.mem, self.ptr = {}, {}
+        for i, (name, spec) in enumerate(sorted(man["weights"].items())):
+            tiles, k = spec["rows"] // 16, spec["k"]
+            q = drv.mem_alloc(tiles * (k // 64) * 512)
+            sc = drv.mem_alloc(tiles * (k // 128) * 16 * 2)
+            self.fill(q, tiles * (k // 64) * 128, "u32", seed * 7919 + 2 * i)
+            s = 1.0 / (4.6 * np.sqrt(k))  # q has std ~4.6: keep |W x| ~ |x|
+            self.fill(sc, tiles * (k // 128) * 16, "bfloat16", seed * 7919 + 2 * i + 1, 0.5 * s, 1.5 * s)
+            for part, g in (("qweight", q), ("scales", sc)):
+                self.mem[("w", name, part)] = g
+                self.ptr[("w", name, part)] = int(g)
+        shapes = self.cfg.tensor_shapes(mtp=False)
+        for i, (name, dt) in enumerate(sorted(man["tensors"].items())):
+            n = int(np.prod(shapes[name]))
+            g = drv.mem_alloc(n * DT[dt].itemsize)
+            lo, hi = ((-1.0, 1.0) if name.endswith("A_log") else
+                      (0.5, 1.5) if name.endswith("linear_attn.norm.weight") else (-0.5, 0.5))
+            self.fill(g, n, dt, seed * 104729 + i, lo, hi)
+            self.mem[("t", name)] = g
+            self.ptr[("t", name)] = int(g)
+        self.stream.synchronize()
+
+    def _alloc_buffers(self):
+        drv, man = self.drv, self.manifest
         self.bufs = {}
         for name, spec in man["buffers"].items():
             shape = [self.tmax if d == "Tmax" else d for d in spec["shape"]]

@@ -47,6 +47,13 @@ for B in ${CHECK_B:-1 2 3 16 17 64}; do
   note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
 done
 
+if [ "${BENCH:-0}" = 1 ]; then
+  section "bench"
+  $Q bench --model qwen3.8-27b --batch "${BENCH_B:-1,2,4,8,16,32,64}" --ctx 1024 \
+    --json "$OUT/bench.json" --plot "$OUT/bench.png"
+  note "bench 27B" "rc=$?"
+fi
+
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
     section "compute-sanitizer $tool"

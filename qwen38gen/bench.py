@@ -1,0 +1,173 @@
+"""`qwen38gen bench`: time the decode step as a CUDA graph replay, next to the floor and the copy
+bandwidth measured in the same run (PERF.md).
+
+Per batch size B: emit and build the program, make the int4 weights on the GPU (DeviceFill), fill
+the state and KV cache to `ctx` tokens, replay the decode graph (warm-up, then the median of
+`reps` replays, each timed with CUDA events and started from position ctx), and time every launch
+of one step on its own to split the step by kind of kernel.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .check import build
+from .config import ModelConfig
+from .lanes import Lanes
+from .runtime import DeviceFill, Runtime, _drv
+
+KINDS = (("gemv", "q38_gemv"), ("delta rule", "q38_gdn"), ("attention", "q38_attn"))
+
+
+def kind_of(kernel: str) -> str:
+    return next((k for k, prefix in KINDS if kernel.startswith(prefix)), "rest")
+
+
+@dataclass
+class BenchRow:
+    batch: int
+    lane: str
+    step_ms: float
+    step_ms_spread: tuple[float, float]      # (min, max) of the timed replays
+    tok_s: float
+    floor_ms: float
+    floor_bytes: float
+    gbs: float                               # floor bytes / step time
+    ratio: float                             # step / floor
+    share: dict = field(default_factory=dict)  # kind -> fraction of the per-kernel time sum
+    kernel_ms: dict = field(default_factory=dict)
+
+
+def copy_bandwidth(drv, nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device-to-device copy, bytes read + written per second (median of reps)."""
+    a, b = drv.mem_alloc(nbytes), drv.mem_alloc(nbytes)
+    drv.memset_d8(a, 1, nbytes)
+    s = drv.Stream()
+    times = []
+    for i in range(reps + 2):
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(s)
+        drv.memcpy_dtod_async(b, a, nbytes, s)
+        e1.record(s)
+        e1.synchronize()
+        if i >= 2:
+            times.append(e1.time_since(e0) / 1e3)
+    a.free()
+    b.free()
+    return 2 * nbytes / statistics.median(times)
+
+
+def fill_state(rt: Runtime, ctx: int, seed: int = 1):
+    """pos = ctx for every sequence; random KV in the first ctx slots, random state and ring."""
+    m = rt.manifest["buffers"]
+    for i, name in enumerate(("kc", "vc", "rec", "conv")):
+        g, shape, dt = rt.bufs[name]
+        n = int(np.prod(shape))
+        lo, hi = (-0.05, 0.05) if name == "rec" else (-1.0, 1.0)
+        rt.fill(g, n, m[name]["dtype"], seed * 31 + i, lo, hi)
+    rt.put("pos", np.full(rt.B, ctx, np.int32))
+    rt.put("ntok", np.ones(rt.B, np.int32))
+    rng = np.random.default_rng(seed)
+    rt.put("tokens", rng.integers(0, rt.cfg.vocab_size, rt.B).astype(np.int32))
+    rt.stream.synchronize()
+
+
+def time_graph(rt: Runtime, ctx: int, warmup: int, reps: int) -> list[float]:
+    drv = rt.drv
+    out = []
+    for i in range(warmup + reps):
+        rt.put("pos", np.full(rt.B, ctx, np.int32))   # every replay sees T = ctx
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(rt.stream)
+        rt.run_phase("decode")
+        e1.record(rt.stream)
+        e1.synchronize()
+        if i >= warmup:
+            out.append(e1.time_since(e0) / 1e3)
+    return out
+
+
+def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
+    """Seconds per kind of kernel in one step, each launch timed on its own (median of reps)."""
+    drv = rt.drv
+    per: dict[str, float] = {}
+    for r in range(reps):
+        rt.put("pos", np.full(rt.B, ctx, np.int32))
+        evs = []
+        for L in rt.launches["decode"]:
+            e0, e1 = drv.Event(), drv.Event()
+            e0.record(rt.stream)
+            L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=rt.stream)
+            e1.record(rt.stream)
+            evs.append((L, e0, e1))
+        evs[-1][2].synchronize()
+        times: dict[str, float] = {}
+        for (L, e0, e1), s in zip(evs, rt.manifest["schedule"]["decode"]):
+            k = kind_of(s["k"])
+            times[k] = times.get(k, 0.0) + e1.time_since(e0) / 1e3
+        for k, v in times.items():
+            per.setdefault(k, [])
+            per[k].append(v)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
+          progress=None) -> tuple[float, list[BenchRow]]:
+    drv = _drv()
+    ctx0 = drv.Device(0).make_context()
+    try:
+        bw = copy_bandwidth(drv)
+    finally:
+        ctx0.pop()
+    rows = []
+    for B in batches:
+        lanes = Lanes.make(B, pt=1)
+        if progress:
+            progress(f"B={B}: emit + nvcc")
+        cubin, man = build(cfg, lanes)
+        if progress:
+            progress(f"B={B}: weights on the GPU, state to T={ctx}")
+        with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
+            fill_state(rt, ctx)
+            if progress:
+                progress(f"B={B}: timing {reps} graph replays")
+            t = time_graph(rt, ctx, warmup, reps)
+            kt = time_kernels(rt, ctx)
+        step = statistics.median(t)
+        fb = cfg.floor_bytes(B, ctx)
+        floor = fb / bw
+        tot = sum(kt.values())
+        rows.append(BenchRow(batch=B, lane=lanes.name, step_ms=step * 1e3,
+                             step_ms_spread=(min(t) * 1e3, max(t) * 1e3), tok_s=B / step,
+                             floor_ms=floor * 1e3, floor_bytes=fb, gbs=fb / step / 1e9,
+                             ratio=step / floor, share={k: v / tot for k, v in kt.items()},
+                             kernel_ms={k: v * 1e3 for k, v in kt.items()}))
+    return bw, rows
+
+
+def to_json(cfg: ModelConfig, ctx: int, bw: float, rows: list[BenchRow], device: str) -> dict:
+    return {"model": cfg.name, "ctx": ctx, "copy_bandwidth": bw, "device": device,
+            "rows": [asdict(r) for r in rows]}
+
+
+def plot(path, cfg: ModelConfig, ctx: int, bw: float, rows: list[BenchRow]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bs = [r.batch for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(bs, [r.tok_s for r in rows], "o-", label="measured tok/s")
+    ax.plot(bs, [b / cfg.floor_seconds(b, ctx, bw) for b in bs], "s--", label="floor tok/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch B")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{cfg.name} decode, T={ctx}, copy {bw / 1e12:.2f} TB/s")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
