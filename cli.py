@@ -10,6 +10,11 @@ import os
 import sys
 from pathlib import Path
 
+# The numpy reference multiplies small matrices: one BLAS thread is fastest, and several processes
+# (the reference runs of `check`) must not oversubscribe the cores. Set before numpy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import click
 from rich.console import Console
 from rich.table import Table
