@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 {
 if [ "${TESTS:-1}" = 1 ]; then
   section "pytest tests/gpu"
-  python3 -m pytest -q -s -p no:cacheprovider tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} > /tmp/t.log 2>&1
+  python3 -m pytest -q -s -p no:cacheprovider ${PYTEST_FILES:-tests/gpu} ${PYTEST_K:+-k "$PYTEST_K"} > /tmp/t.log 2>&1
   rc=$?; cat /tmp/t.log
   note "pytest tests/gpu" "rc=$rc: $(tail -1 /tmp/t.log)"
 fi
@@ -41,7 +41,7 @@ echo '[[1, 2, 3], [7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 2
 $Q run --prompts /tmp/prompts.json --steps 8 --batch 2 --json "$OUT/run.json"
 note "run --batch 2 (3 prompts, 2 batches)" "rc=$?"
 
-for B in ${CHECK_B:-1 2 3 16 17 64}; do
+for B in ${CHECK_B-1 2 3 16 17 64}; do
   section "check --batch $B"
   $Q check --batch "$B" > /tmp/c.log 2>&1; rc=$?; cat /tmp/c.log
   note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
