@@ -331,7 +331,7 @@ def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw)
     """Run the emitted program on the GPU: prefill the prompts, greedy-decode STEPS tokens."""
     from qwen38gen.check import default_tensors, run_batches
     from qwen38gen.config import load_config
-    from qwen38gen.emit import _atomic_write
+    from qwen38gen.emit import atomic_write
     from qwen38gen.quantize import load_any, load_quantized
 
     cfg = load_config(model)
@@ -352,7 +352,7 @@ def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw)
            "sequences": [{"prompt": p, "tokens": s["tokens"], "topk": s["topk"]}
                          for p, s in zip(prompts, seqs)]}
     if json_out:
-        _atomic_write(Path(json_out), json.dumps(doc) + "\n")
+        atomic_write(Path(json_out), json.dumps(doc) + "\n")
     t = Table(title=f"{cfg.name} {lanes.name}: {len(prompts)} sequences × {steps} tokens")
     for c in ("seq", "prompt len", "generated (first 12)"):
         t.add_column(c)
@@ -451,7 +451,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen import bench as Bm
     from qwen38gen.config import load_config
-    from qwen38gen.emit import _atomic_write
+    from qwen38gen.emit import atomic_write
 
     cfg = load_config(model)
     bs = _int_list(batches, "--batch")
@@ -476,7 +476,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out):
     dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     if json_out:
-        _atomic_write(Path(json_out), json.dumps(Bm.to_json(cfg, ctx, bw, rows, dev), indent=1) + "\n")
+        atomic_write(Path(json_out), json.dumps(Bm.to_json(cfg, ctx, bw, rows, dev), indent=1) + "\n")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
 

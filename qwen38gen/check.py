@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 
 from . import golden as G
 from .config import PRESETS, ModelConfig
-from .emit import emit_program
+from .emit import atomic_write, emit_program
 from .gate import ResourceError, compile_source
 from .lanes import Lanes
 
@@ -125,11 +124,7 @@ def update_golden(cfg: ModelConfig | None = None,
     if not out.ok:
         return out, None
     path = G.golden_path(cfg, lanes)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".golden.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(g.to_json())
-    os.replace(tmp, path)
+    atomic_write(path, g.to_json())
     return out, path
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -109,7 +109,7 @@ def emit_program(cfg: ModelConfig, lanes: Lanes) -> Program:
     return Program(cfg, lanes, source, manifest)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -128,6 +128,6 @@ def write_program(prog: Program, output: Path | None) -> tuple[Path, Path]:
     if cu.suffix != ".cu":
         raise UserError(f"output {str(cu)!r} must end in .cu")
     man = cu.with_suffix(".manifest.json")
-    _atomic_write(man, json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n")
-    _atomic_write(cu, prog.source)
+    atomic_write(man, json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n")
+    atomic_write(cu, prog.source)
     return cu, man

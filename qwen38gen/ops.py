@@ -141,9 +141,8 @@ GDN_NS = 1
 
 def gdn_launch(cfg: ModelConfig, pt: int) -> dict:
     """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree)."""
-    dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                         cfg.linear_num_key_heads, cfg.linear_num_value_heads,
-                         cfg.linear_conv_kernel_dim)
+    dk, dv, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                     cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim)
     cols = dv // GDN_NS
     threads = cdiv((cols // 4) * 8, 32) * 32
     groups = 2 * dk // 8 + cols // 8
