@@ -67,13 +67,11 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 }
 
 // MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows) per warp, BTG = 8*NT;
-// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
-// ST: pipeline depth, groups of weights in flight per warp (2: one group prefetched).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2>
+// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue.
+template <int K, int MT, int NT, int KS, int EPI>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  static_assert(ST >= 2, "ST: at least one group in flight");
   constexpr int KT = K / 64;    // k-tiles per row tile
   constexpr int NG = K / 128;   // groups per row tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -101,10 +99,9 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
 
-  // Software pipeline: the weights of groups gi+1 .. gi+ST-1 are in flight while group gi is
-  // multiplied. The ring of ST buffers is indexed only with compile-time constants (the inner
-  // loop is unrolled), so it stays in registers.
-  uint4 wbuf[ST][MT][2];
+  // Software pipeline: the weights of group gi+1 are in flight while group gi is multiplied.
+  // Two named buffers (not an array indexed by gi & 1) keep them in registers.
+  uint4 wa[MT][2], wb[MT][2];
   auto load_w = [&](uint4 (&w)[MT][2], int gi) {
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -165,17 +162,14 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
       }
   };
 
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s)
-    if (gb + s < ge) load_w(wbuf[s], gb + s);
+  if (gb < ge) load_w(wa, gb);
 #pragma unroll 1
-  for (int gi = gb; gi < ge; gi += ST) {
-#pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      if (gi + s >= ge) break;
-      if (gi + s + ST - 1 < ge) load_w(wbuf[(s + ST - 1) % ST], gi + s + ST - 1);
-      group(wbuf[s], gi + s);
-    }
+  for (int gi = gb; gi < ge; gi += 2) {
+    if (gi + 1 < ge) load_w(wb, gi + 1);
+    group(wa, gi);
+    if (gi + 1 >= ge) break;
+    if (gi + 2 < ge) load_w(wa, gi + 2);
+    group(wb, gi + 1);
   }
 
   // Reduce the KS partial sums in a fixed order, then store.
