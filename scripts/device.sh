@@ -47,12 +47,6 @@ for B in ${CHECK_B-1 2 3 16 17 64}; do
   note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
 done
 
-if [ "${SWEEP:-0}" = 1 ]; then
-  section "gemv sweep"
-  timeout 150 python3 bench/gemv_sweep.py
-  note "gemv sweep" "rc=$?"
-fi
-
 if [ "${BENCH:-0}" = 1 ]; then
   section "bench"
   $Q bench --model qwen3.8-27b --batch "${BENCH_B:-1,2,4,8,16,32,64}" --ctx 1024 \
