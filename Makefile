@@ -25,6 +25,7 @@ run: $(STAMP)
 	$(VENV)/bin/qwen38gen generate --model tiny --prompt 1,2,3,4,5 --steps 8
 	$(VENV)/bin/qwen38gen emit --model tiny --batch 16 -o $(OUTDIR)/tiny-b16.cu
 	$(VENV)/bin/qwen38gen gate $(OUTDIR)/tiny-b16.cu
+	$(VENV)/bin/qwen38gen check --batch 16
 
 gate: $(STAMP)
 	$(VENV)/bin/qwen38gen gate --matrix
