@@ -415,8 +415,10 @@ def check(**lane_kw):
         res = validate_golden(g)
         _outcome_table("golden vs numpy reference (CPU)",
                        ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status"), res)
-        out.print(f"[yellow]GPU part NOT run[/yellow]: {why}. Only the golden files were validated "
-                  "against the numpy reference.")
+        from rich.markup import escape
+
+        out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(why)}. Only the golden files were "
+                  "validated against the numpy reference.")
         sys.exit(0 if res.ok else 1)
     res = check_gpu(lanes, g)
     _outcome_table(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
