@@ -325,7 +325,7 @@ def _read_prompts(path: Path, vocab: int) -> list[list[int]]:
 @click.option("--steps", type=int, default=16, show_default=True, help="New tokens per sequence.")
 @click.option("--ctx", type=int, default=None, help="Max context (default: longest prompt + steps).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
-              help="Write ids and per-step top-k logits here (format: docs/RUN_FORMAT.md).")
+              help="Write ids and per-step top-k logits here (docs/RUN_FORMAT.md).")
 @_lanes_options
 def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw):
     """Run the emitted program on the GPU: prefill the prompts, greedy-decode STEPS tokens."""
