@@ -128,12 +128,6 @@ def update_golden(cfg: ModelConfig | None = None,
     return out, path
 
 
-def _ring_of(conv: np.ndarray, pos: int) -> np.ndarray:
-    from .reference import conv_to_ring
-
-    return conv_to_ring(conv, pos)
-
-
 def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
     """The batched program on the golden streams: tokens and top-k against the golden file,
     final states against the reference."""
