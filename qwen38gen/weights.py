@@ -410,36 +410,35 @@ def pack_int4(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.nda
         raise UserError(f"scales have shape {list(scales.shape)}, expected {[n, k // GROUP]}")
     if codes.min(initial=0) < -8 or codes.max(initial=0) > 7:
         raise UserError("int4 codes must lie in -8..7")
+    return _pack_blocks(n, k, ((codes[r0:r0 + _ROW_BLOCK], scales[r0:r0 + _ROW_BLOCK])
+                               for r0 in range(0, n, _ROW_BLOCK)))
+
+
+def _pack_blocks(n: int, k: int, blocks) -> tuple[np.ndarray, np.ndarray]:
+    """Pack consecutive row blocks (codes, scales) of an [n, k] weight into the tile layout,
+    padding the last block to whole 16-row tiles (code 0 -> q = 0, scale 0)."""
     np_ = -(-n // TILE_N) * TILE_N
     qweight = np.empty((np_ // TILE_N, k // TILE_K, 32, 4), np.uint32)
     st = np.empty((np_ // TILE_N, k // GROUP, TILE_N), BF16)
-    for r0 in range(0, np_, _ROW_BLOCK):
-        c = codes[r0:r0 + _ROW_BLOCK]
-        s = scales[r0:r0 + _ROW_BLOCK].astype(BF16)
-        pad = min(_ROW_BLOCK, np_ - r0) - len(c)
+    r0 = 0
+    for c, s in blocks:
+        s = s.astype(BF16)
+        rows = len(c)
+        pad = -rows % TILE_N
         if pad:
             c = np.concatenate([c, np.zeros((pad, k), c.dtype)])
             s = np.concatenate([s, np.zeros((pad, k // GROUP), BF16)])
         t0 = r0 // TILE_N
         qweight[t0:t0 + len(c) // TILE_N], st[t0:t0 + len(c) // TILE_N] = _pack_block(c, s)
+        r0 += rows
     return qweight, st
 
 
 def quantize_pack(w: np.ndarray, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``pack_int4(*quantize_int4(w))`` block by block, without holding all codes at once."""
     n, k = _check_k(w.shape, name)
-    np_ = -(-n // TILE_N) * TILE_N
-    qweight = np.empty((np_ // TILE_N, k // TILE_K, 32, 4), np.uint32)
-    st = np.empty((np_ // TILE_N, k // GROUP, TILE_N), BF16)
-    for r0 in range(0, n, _ROW_BLOCK):
-        c, s = _quantize_block(w[r0:r0 + _ROW_BLOCK], name)
-        pad = -len(c) % TILE_N
-        if pad:
-            c = np.concatenate([c, np.zeros((pad, k), np.int8)])
-            s = np.concatenate([s, np.zeros((pad, k // GROUP), BF16)])
-        t0 = r0 // TILE_N
-        qweight[t0:t0 + len(c) // TILE_N], st[t0:t0 + len(c) // TILE_N] = _pack_block(c, s)
-    return qweight, st
+    return _pack_blocks(n, k, (_quantize_block(w[r0:r0 + _ROW_BLOCK], name)
+                               for r0 in range(0, n, _ROW_BLOCK)))
 
 
 def check_packed(qweight, scales_tiled, shape) -> tuple[int, int, int]:
