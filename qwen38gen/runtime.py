@@ -136,8 +136,9 @@ class DeviceFill:
 def _fill_module():
     from pycuda.compiler import SourceModule
 
-    src = (KERNELS / "fill.cuh").read_text().replace('#include "common.cuh"',
-                                                     (KERNELS / "common.cuh").read_text())
+    from .emit import inline_headers
+
+    src = inline_headers(["fill.cuh"])
     src += (
         'extern "C" __global__ void __launch_bounds__(256) q38_fill_u32(uint32_t* p, size_t n, '
         "uint64_t s) { q38::fill_u32(p, n, s); }\n"
@@ -146,9 +147,6 @@ def _fill_module():
         'extern "C" __global__ void __launch_bounds__(256) q38_fill_f32(float* p, size_t n, '
         "uint64_t s, float lo, float hi) { q38::fill_f32(p, n, s, lo, hi); }\n")
     return SourceModule(src, no_extern_c=True, arch="sm_90", options=["-std=c++17"])
-
-
-KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
 
 class Runtime:
