@@ -67,13 +67,20 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 }
 
 // MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows) per warp, BTG = 8*NT;
-// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue.
-template <int K, int MT, int NT, int KS, int EPI>
+// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
+// ST: pipeline stages, the groups of weights (and their scales) a warp has in flight, ST-1 of
+// them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
+// stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2).
+// MT, NT, ST and XS change neither the arithmetic nor its order, only how it is scheduled: a
+// row's result is bitwise the same for every choice of them (KS does change the sum order).
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
+  static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
   constexpr int KT = K / 64;    // k-tiles per row tile
   constexpr int NG = K / 128;   // groups per row tile
+  constexpr int XW = XS ? ST : 1;  // activation stages
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int rt0 = blockIdx.x * MT;  // first row tile of this block
@@ -99,34 +106,38 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
 
-  // Software pipeline: the weights of group gi+1 are in flight while group gi is multiplied.
-  // Two named buffers (not an array indexed by gi & 1) keep them in registers.
-  uint4 wa[MT][2], wb[MT][2];
-  auto load_w = [&](uint4 (&w)[MT][2], int gi) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        w[m][h] = ld_stream16(qweight + ((size_t)(rt0 + m) * KT + 2 * gi + h) * 32 + lane);
-  };
-  auto group = [&](const uint4 (&w)[MT][2], int gi) {
+  // Software pipeline over a ring of ST register stages. The ring index of every access is a
+  // compile-time constant (the loop over a round of ST groups is unrolled), so it stays in
+  // registers.
+  uint4 w[ST][MT][2];
+  uint32_t sw[ST][MT];           // bf16 scales of rows g and g+8 of each m-tile, packed
+  uint4 xv[XW][NT][2][2];
+  const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
+  auto load_x = [&](uint4 (&xs)[NT][2][2], int gi) {
     // Activations: 16 contiguous bf16 per k-tile per n-tile (FORMAT.md's column permutation).
-    uint4 xv[NT][2][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4* p = reinterpret_cast<const uint4*>(xrow[j] + (2 * gi + h) * 64);
-        xv[j][h][0] = __ldg(p);
-        xv[j][h][1] = __ldg(p + 1);
+        xs[j][h][0] = __ldg(p);
+        xs[j][h][1] = __ldg(p + 1);
       }
-    float sc[MT][2];
+  };
+  auto load = [&](int s, int gi) {
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      const bf16* s = scales + ((size_t)(rt0 + m) * NG + gi) * 16;
-      sc[m][0] = to_f(s[g]);
-      sc[m][1] = to_f(s[g + 8]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        w[s][m][h] = ld_stream16(qweight + ((size_t)(rt0 + m) * KT + 2 * gi + h) * 32 + lane);
+      const unsigned short* sp = sc16 + ((size_t)(rt0 + m) * NG + gi) * 16;
+      sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
     }
+    if constexpr (XS) load_x(xv[s], gi);
+  };
+  auto group = [&](int s, int gi) {
+    if constexpr (!XS) load_x(xv[0], gi);
+    const uint4 (&xs)[NT][2][2] = xv[XS ? s : 0];
     float part[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -140,36 +151,43 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
       for (int i = 0; i < 4; ++i) {  // k-step i of k-tile h
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          const uint32_t wi = i == 0 ? w[m][h].x : i == 1 ? w[m][h].y : i == 2 ? w[m][h].z : w[m][h].w;
+          const uint4& wv = w[s][m][h];
+          const uint32_t wi = i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w;
           const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             // x words 2i, 2i+1 of this lane's 16 activations of k-tile h.
-            const uint4& v = xv[j][h][i >> 1];
+            const uint4& v = xs[j][h][i >> 1];
             const uint32_t b0 = (i & 1) ? v.z : v.x, b1 = (i & 1) ? v.w : v.y;
             mma_bf16_16816(part[m][j], a, b0, b1);
           }
         }
       }
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m) {
+      const float s0 = __uint_as_float(sw[s][m] << 16), s1 = __uint_as_float(sw[s][m] & 0xffff0000u);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        acc[m][j][0] += sc[m][0] * part[m][j][0];
-        acc[m][j][1] += sc[m][0] * part[m][j][1];
-        acc[m][j][2] += sc[m][1] * part[m][j][2];
-        acc[m][j][3] += sc[m][1] * part[m][j][3];
+        acc[m][j][0] += s0 * part[m][j][0];
+        acc[m][j][1] += s0 * part[m][j][1];
+        acc[m][j][2] += s1 * part[m][j][2];
+        acc[m][j][3] += s1 * part[m][j][3];
       }
+    }
   };
 
-  if (gb < ge) load_w(wa, gb);
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s)
+    if (gb + s < ge) load(s, gb + s);
 #pragma unroll 1
-  for (int gi = gb; gi < ge; gi += 2) {
-    if (gi + 1 < ge) load_w(wb, gi + 1);
-    group(wa, gi);
-    if (gi + 1 >= ge) break;
-    if (gi + 2 < ge) load_w(wa, gi + 2);
-    group(wb, gi + 1);
+  for (int gi = gb; gi < ge; gi += ST) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      if (gi + s < ge) {
+        if (gi + s + ST - 1 < ge) load((s + ST - 1) % ST, gi + s + ST - 1);
+        group(s, gi + s);
+      }
+    }
   }
 
   // Reduce the KS partial sums in a fixed order, then store.

@@ -32,6 +32,13 @@ if [ "${GOLDEN:-0}" = 1 ]; then
   note "golden --update" "rc=$rc"
 fi
 
+if [ -n "${SWEEP:-}" ]; then
+  section "gemv sweep ($SWEEP)"
+  python3 scripts/gemv_sweep.py run "$SWEEP" "$OUT/sweep.json" > /tmp/sw.log 2>&1; rc=$?
+  cat /tmp/sw.log; cp /tmp/sw.log "$OUT/sweep.txt"
+  note "gemv sweep" "rc=$rc"
+fi
+
 section "gate"
 $Q emit --batch 16 -o /tmp/q38/tiny-b16.cu && $Q gate -q /tmp/q38/tiny-b16.cu
 note "gate tiny b16 (cubin loaded)" "rc=$?"

@@ -1,0 +1,174 @@
+"""Sweep the gemv_q4 schedule knobs (MT, ST, XS at each NT) over the 27B decode shapes.
+
+  python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (slow part)
+  python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
+
+Every instance of one NT must give bitwise the same y (the knobs only reschedule the same
+arithmetic); `run` checks that before it prints the effective weight bandwidth of each config.
+The weights rotate over a pool of distinct copies larger than L2, so no launch reads them from L2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (name, N rows, K, launches per 27B decode step)
+SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
+          ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
+# NT -> batch rows timed, configs (MT, ST, XS)
+SWEEP = {
+    1: (1, [(mt, st, xs) for mt in (1, 2) for st in (2, 3, 4, 6) for xs in (0, 1)]),
+    2: (16, [(mt, st, xs) for mt in (1, 2, 4) for st in (2, 3, 4) for xs in (0, 1)]),
+    4: (64, [(mt, st, xs) for mt in (1, 2) for st in (2, 3) for xs in (0, 1)]),
+    8: (64, [(1, st, 0) for st in (1, 2)]),
+}
+KS_MAX = 8
+
+
+def ks_of(k: int) -> int:
+    return min(KS_MAX, k // 128)
+
+
+def name(k, mt, nt, st, xs):
+    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}"
+
+
+def instances():
+    ks = sorted({k for _, _, k, _ in SHAPES})
+    for nt, (_, cfgs) in SWEEP.items():
+        for k in ks:
+            for mt, st, xs in cfgs:
+                yield k, mt, nt, st, xs
+
+
+def source() -> str:
+    out = ['#include "gemv_q4.cuh"']
+    for k, mt, nt, st, xs in instances():
+        out.append(
+            f'extern "C" __global__ void __launch_bounds__({32 * ks_of(k)}, 1) {name(k, mt, nt, st, xs)}('
+            "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, int ldy, "
+            f"int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks_of(k)}, 0, {st}, {xs}>(qw, sc, x, ldx, y, ldy, N, R); }}")
+    return "\n".join(out) + "\n"
+
+
+def build(cubin: str):
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "sweep.cu"
+        cu.write_text(source())
+        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+               f"-I{ROOT / 'kernels'}", str(cu), "-o", cubin]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            print(r.stderr)
+            sys.exit(1)
+        regs = {}
+        cur = None
+        for line in r.stderr.splitlines():
+            if "Compiling entry function" in line:
+                cur = line.split("'")[1]
+            if "Used" in line and cur:
+                regs[cur] = line.strip()
+            if "spill" in line and cur and re.search(r"[1-9]\d* bytes (stack|spill)", line):
+                regs[cur + ":spill"] = line.strip()
+        for k in [k for k in regs if k.endswith(":spill")]:
+            regs[k[:-6]] = regs.get(k[:-6], "") + " SPILL " + regs.pop(k)
+        Path(cubin + ".regs.json").write_text(json.dumps(regs, indent=1))
+        print(f"{len(list(instances()))} instances -> {cubin}")
+
+
+def run(cubin: str, reps: int = 20):
+    import numpy as np
+    import pycuda.autoinit  # noqa: F401
+    import pycuda.driver as drv
+
+    mod = drv.module_from_file(cubin)
+    regs = json.loads(Path(cubin + ".regs.json").read_text())
+    pool_bytes = 256 << 20
+    results = []
+    s = drv.Stream()
+    for sname, N, K, count in SHAPES:
+        wb = N * K // 2
+        sb = N * (K // 128) * 2
+        ncopy = max(2, pool_bytes // wb)
+        W = [drv.mem_alloc(wb) for _ in range(ncopy)]
+        S = [drv.mem_alloc(sb) for _ in range(ncopy)]
+        for a in W:
+            drv.memset_d32(a, 0x19E37C5B, wb // 4)
+        for a in S:
+            drv.memset_d16(a, 0x3C00, sb // 2)   # bf16 2^-7
+        rng = np.random.default_rng(0)
+        for nt, (R, cfgs) in SWEEP.items():
+            xh = (rng.standard_normal((R, K)) * 0.5).astype(np.float32)
+            xb = (xh.view(np.uint32) >> 16).astype(np.uint16)
+            x = drv.to_device(xb)
+            y = drv.mem_alloc(R * N * 2)
+            ref = None
+            for mt, st, xs in cfgs:
+                fn = mod.get_function(name(K, mt, nt, st, xs))
+                grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
+                block = (32 * ks_of(K), 1, 1)
+                args = (np.int32(K), )
+                def launch(i):
+                    fn(W[i % ncopy], S[i % ncopy], x, np.int32(K), y, np.int32(N), np.int32(N),
+                       np.int32(R), grid=grid, block=block, stream=s)
+                drv.memset_d16(y, 0x7FC0, R * N)
+                launch(0)
+                s.synchronize()
+                out = drv.from_device(y, (R, N), np.uint16)
+                same = True if ref is None else bool(np.array_equal(out, ref))
+                if ref is None:
+                    ref = out
+                for i in range(3):
+                    launch(i)
+                e0, e1 = drv.Event(), drv.Event()
+                e0.record(s)
+                for i in range(reps):
+                    launch(i)
+                e1.record(s)
+                e1.synchronize()
+                t = e1.time_since(e0) / 1e3 / reps
+                results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt, "mt": mt,
+                                "st": st, "xs": xs, "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
+                                "bitwise_same": same, "count": count,
+                                "regs": regs.get(name(K, mt, nt, st, xs), "")})
+            x.free()
+            y.free()
+        for a in W + S:
+            a.free()
+    return results
+
+
+def report(results):
+    print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'MT':>2s} {'ST':>2s} {'XS':>2s} {'us':>9s} {'GB/s':>7s} same  regs")
+    for r in results:
+        print(f"{r['shape']:8s} {r['R']:3d} {r['nt']:2d} {r['mt']:2d} {r['st']:2d} {r['xs']:2d} "
+              f"{r['us']:9.1f} {r['gbs']:7.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  {r['regs'][-40:]}")
+    print("\nbest per (shape, NT) and the step-weighted GEMV time:")
+    best = {}
+    for r in results:
+        k = (r["shape"], r["nt"])
+        if r["bitwise_same"] and (k not in best or r["us"] < best[k]["us"]):
+            best[k] = r
+    tot = {}
+    for (sh, nt), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        tot[nt] = tot.get(nt, 0.0) + r["us"] * r["count"]
+        print(f"  NT={nt} {sh:8s} MT={r['mt']} ST={r['st']} XS={r['xs']}  {r['us']:8.1f} us  {r['gbs']:6.0f} GB/s")
+    for nt, t in tot.items():
+        print(f"  NT={nt}: step GEMV sum {t / 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "build":
+        build(sys.argv[2])
+    else:
+        res = run(sys.argv[2])
+        report(res)
+        if len(sys.argv) > 3:
+            Path(sys.argv[3]).write_text(json.dumps(res, indent=1))
