@@ -449,7 +449,10 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
               help="PNG of tok/s and the floor against B.")
-def bench(model, batches, ctx, reps, json_out, plot_out):
+@click.option("--peers", is_flag=True, default=False,
+              help="Also time torch's cuBLAS bf16 and int4 _weight_int4pack_mm over the step's "
+                   "linear layers (needs torch with CUDA; runs after our own runs).")
+def bench(model, batches, ctx, reps, json_out, plot_out, peers):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen import bench as Bm
     from qwen38gen.config import load_config
@@ -473,14 +476,47 @@ def bench(model, batches, ctx, reps, json_out, plot_out):
         t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
                   f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
     out.print(t)
+    pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
     import subprocess
 
     dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     if json_out:
-        atomic_write(Path(json_out), json.dumps(Bm.to_json(cfg, ctx, bw, rows, dev), indent=1) + "\n")
+        d = Bm.to_json(cfg, ctx, bw, rows, dev)
+        if pr is not None:
+            d["peers"] = pr
+        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
+
+
+def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
+    """`bench --peers`: time torch's peers after our runs, print their table; the JSON object."""
+    from qwen38gen import peers as Pm
+
+    with err.status("peers") as st:
+        pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
+    if pr["available"]:
+        ours = {r.batch: r.step_ms for r in rows}
+        t = Table(title=f"peers: the {pr['layers']} linear layers of one step only "
+                        f"({pr['params'] / 1e9:.3f} B params), graph replay, {pr['device']}, "
+                        f"{pr['torch']}")
+        for c in ("B", "our whole step ms", *(f"{Pm.SHORT[k]} ms (× int4 floor)" for k in Pm.PEERS),
+                  "int4 W floor ms", "bf16 W floor ms"):
+            t.add_column(c, justify="right")
+        for B in bs:
+            cells = []
+            for k in Pm.PEERS:
+                p = pr["peers"][k]
+                ms = next((r["ms"] for r in p["rows"] if r["batch"] == B), None)
+                cells.append("failed" if not p["ok"] else
+                             f"{ms:.3f} ({ms / pr['int4_floor_ms']:.2f}×)")
+            t.add_row(str(B), f"{ours[B]:.3f}" if B in ours else "", *cells,
+                      f"{pr['int4_floor_ms']:.3f}", f"{pr['bf16_floor_ms']:.3f}")
+        out.print(t)
+    for line in Pm.summary(pr):
+        out.print(line, markup=False)
+    return pr
 
 
 def main(argv=None):
