@@ -48,6 +48,15 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x))
 // softplus with PyTorch's threshold: x for x > 20.
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 
+// Programmatic dependent launch (docs/KERNELS.md). Every kernel of a step calls
+// pdl_launch_dependents() first, so the next kernel's blocks may become resident while this one
+// runs, and pdl_wait() before it reads anything an earlier kernel wrote or writes anything at all;
+// only constant data (weights) may be read before it. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // 16-byte global load through the read-only path.
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 

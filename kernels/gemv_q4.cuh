@@ -124,7 +124,7 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
         xs[j][h][1] = __ldg(p + 1);
       }
   };
-  auto load = [&](int s, int gi) {
+  auto load_w = [&](int s, int gi) {  // weights and scales: constant, safe before pdl_wait
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -133,6 +133,9 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
       const unsigned short* sp = sc16 + ((size_t)(rt0 + m) * NG + gi) * 16;
       sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
     }
+  };
+  auto load = [&](int s, int gi) {
+    load_w(s, gi);
     if constexpr (XS) load_x(xv[s], gi);
   };
   auto group = [&](int s, int gi) {
@@ -176,9 +179,18 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
     }
   };
 
+  // The first ST-1 groups of weights are requested before waiting on the kernel that writes x,
+  // so under programmatic dependent launch they stream while that kernel finishes.
+  pdl_launch_dependents();
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s)
-    if (gb + s < ge) load(s, gb + s);
+    if (gb + s < ge) load_w(s, gb + s);
+  pdl_wait();
+  if constexpr (XS) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s)
+      if (gb + s < ge) load_x(xv[s], gb + s);
+  }
 #pragma unroll 1
   for (int gi = gb; gi < ge; gi += ST) {
 #pragma unroll
