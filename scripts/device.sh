@@ -39,6 +39,15 @@ if [ -n "${SWEEP:-}" ]; then
   note "gemv sweep" "rc=$rc"
 fi
 
+if [ -n "${PROFILE:-}" ]; then
+  section "ncu gemv ($PROFILE)"
+  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section SchedulerStats python3 scripts/gemv_sweep.py profile "$PROFILE" \
+    > "$OUT/ncu.txt" 2>&1; rc=$?
+  tail -n 400 "$OUT/ncu.txt"
+  note "ncu gemv" "rc=$rc"
+fi
+
 section "gate"
 $Q emit --batch 16 -o /tmp/q38/tiny-b16.cu && $Q gate -q /tmp/q38/tiny-b16.cu
 note "gate tiny b16 (cubin loaded)" "rc=$?"

@@ -145,6 +145,35 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
+PROFILE = [("gate_up", 1, 1, 2, 0), ("gate_up", 2, 2, 2, 0), ("gate_up", 4, 2, 2, 1),
+           ("gate_up", 8, 1, 1, 0), ("out", 1, 1, 2, 0)]
+
+
+def profile(cubin: str):
+    """One launch of each PROFILE config (shape, NT, MT, ST, XS), for ncu."""
+    import numpy as np
+    import pycuda.autoinit  # noqa: F401
+    import pycuda.driver as drv
+
+    mod = drv.module_from_file(cubin)
+    shapes = {s[0]: s for s in SHAPES}
+    for sname, nt, mt, st, xs in PROFILE:
+        _, N, K, _ = shapes[sname]
+        R = SWEEP[nt][0]
+        W = drv.mem_alloc(N * K // 2)
+        S = drv.mem_alloc(N * (K // 128) * 2)
+        drv.memset_d32(W, 0x19E37C5B, N * K // 8)
+        drv.memset_d16(S, 0x3C00, N * (K // 128))
+        x = drv.to_device(np.full((R, K), 0x3F80, np.uint16))
+        y = drv.mem_alloc(R * N * 2)
+        fn = mod.get_function(name(K, mt, nt, st, xs))
+        fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
+           grid=(N // (16 * mt), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1))
+        drv.Context.synchronize()
+        for a in (W, S, x, y):
+            a.free()
+
+
 def report(results):
     print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'MT':>2s} {'ST':>2s} {'XS':>2s} {'us':>9s} {'GB/s':>7s} same  regs")
     for r in results:
@@ -167,6 +196,8 @@ def report(results):
 if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(sys.argv[2])
+    elif sys.argv[1] == "profile":
+        profile(sys.argv[2])
     else:
         res = run(sys.argv[2])
         report(res)
