@@ -22,6 +22,8 @@
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemv_q4.cuh -o /dev/null
 #pragma once
+#include <cooperative_groups.h>
+
 #include "common.cuh"
 
 namespace q38 {
@@ -66,80 +68,89 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   return v;
 }
 
-// MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows) per warp, BTG = 8*NT;
-// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
-// ST: pipeline stages, the groups of weights (and their scales) a warp has in flight, ST-1 of
-// them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
-// stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2).
-// MT, NT, ST and XS change neither the arithmetic nor its order, only how it is scheduled: a
-// row's result is bitwise the same for every choice of them (KS does change the sum order).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0>
-__device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
-        const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
+// The work of one warp on one batch tile: MT m-tiles (16 output rows each) x NT n-tiles (8
+// activation rows each), over any run of groups of 128 inputs, with an ST-stage register ring of
+// weights and scales (XS: activations staged with them, else loaded when used). Its arithmetic is
+// fixed: per group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32.
+// Both kernels below drive it; MT, NT, ST, XS and the driver change only the schedule, so a row's
+// result depends only on K and KS (the split of the groups into KS parts, summed in part order).
+template <int K, int MT, int NT, int ST, int XS>
+struct GemvWarp {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
-  constexpr int KT = K / 64;    // k-tiles per row tile
-  constexpr int NG = K / 128;   // groups per row tile
-  constexpr int XW = XS ? ST : 1;  // activation stages
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, c = lane & 3;
-  const int rt0 = blockIdx.x * MT;  // first row tile of this block
-  const int r0 = blockIdx.y * (8 * NT);
+  static constexpr int KT = K / 64;    // k-tiles per row tile
+  static constexpr int NG = K / 128;   // groups per row tile
+  static constexpr int XW = XS ? ST : 1;
+  static constexpr int V = MT * NT * 4;  // accumulator values per lane
 
-  // This warp's share of the groups: [gb, ge).
-  const int gb = (warp * NG) / KS, ge = ((warp + 1) * NG) / KS;
-
-  // Activation row of each n-tile for this lane (n = g), clamped; rows >= R read row R-1
-  // and are never stored.
+  const uint4* __restrict__ qweight;
+  const unsigned short* __restrict__ sc16;
   const bf16* xrow[NT];
+  int lane, g;
+  uint4 w[ST][MT][2];
+  uint32_t sw[ST][MT];  // bf16 scales of rows g and g+8 of each m-tile, packed
+  uint4 xv[XW][NT][2][2];
+  float acc[MT][NT][4];
+
+  __device__ __forceinline__ GemvWarp(const uint4* qw, const bf16* scales, const bf16* x, int ldx,
+                                      int r0, int R) {
+    qweight = qw;
+    sc16 = reinterpret_cast<const unsigned short*>(scales);
+    lane = threadIdx.x & 31;
+    g = lane >> 2;
+    const int c = lane & 3;
+    // Activation row of each n-tile for this lane (n = g), clamped; rows >= R read row R-1 and
+    // are never stored.
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    int r = r0 + 8 * j + g;
-    xrow[j] = x + (size_t)(r < R ? r : R - 1) * ldx + 16 * c;
+    for (int j = 0; j < NT; ++j) {
+      const int r = r0 + 8 * j + g;
+      xrow[j] = x + (size_t)(r < R ? r : R - 1) * ldx + 16 * c;
+    }
+    zero();
   }
 
-  float acc[MT][NT][4];
+  __device__ __forceinline__ void zero() {
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+        for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  }
 
-  // Software pipeline over a ring of ST register stages. The ring index of every access is a
-  // compile-time constant (the loop over a round of ST groups is unrolled), so it stays in
-  // registers.
-  uint4 w[ST][MT][2];
-  uint32_t sw[ST][MT];           // bf16 scales of rows g and g+8 of each m-tile, packed
-  uint4 xv[XW][NT][2][2];
-  const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
-  auto load_x = [&](uint4 (&xs)[NT][2][2], int gi) {
-    // Activations: 16 contiguous bf16 per k-tile per n-tile (FORMAT.md's column permutation).
+  // Weights and scales of group gi of m-tiles rt..rt+MT-1 into stage s: constant data, safe
+  // before pdl_wait.
+  __device__ __forceinline__ void load_w(int s, int rt, int gi) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        w[s][m][h] = ld_stream16(qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
+      const unsigned short* sp = sc16 + ((size_t)(rt + m) * NG + gi) * 16;
+      sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
+    }
+  }
+
+  // Activations: 16 contiguous bf16 per k-tile per n-tile (FORMAT.md's column permutation).
+  __device__ __forceinline__ void load_x(int s, int gi) {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4* p = reinterpret_cast<const uint4*>(xrow[j] + (2 * gi + h) * 64);
-        xs[j][h][0] = __ldg(p);
-        xs[j][h][1] = __ldg(p + 1);
+        xv[s][j][h][0] = __ldg(p);
+        xv[s][j][h][1] = __ldg(p + 1);
       }
-  };
-  auto load_w = [&](int s, int gi) {  // weights and scales: constant, safe before pdl_wait
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        w[s][m][h] = ld_stream16(qweight + ((size_t)(rt0 + m) * KT + 2 * gi + h) * 32 + lane);
-      const unsigned short* sp = sc16 + ((size_t)(rt0 + m) * NG + gi) * 16;
-      sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
-    }
-  };
-  auto load = [&](int s, int gi) {
-    load_w(s, gi);
-    if constexpr (XS) load_x(xv[s], gi);
-  };
-  auto group = [&](int s, int gi) {
-    if constexpr (!XS) load_x(xv[0], gi);
+  }
+
+  __device__ __forceinline__ void load(int s, int rt, int gi) {
+    load_w(s, rt, gi);
+    if constexpr (XS) load_x(s, gi);
+  }
+
+  // Multiply the group in stage s (group index gi, for the activations when XS = 0).
+  __device__ __forceinline__ void group(int s, int gi) {
+    if constexpr (!XS) load_x(0, gi);
     const uint4 (&xs)[NT][2][2] = xv[XS ? s : 0];
     float part[MT][NT][4];
 #pragma unroll
@@ -177,41 +188,90 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
         acc[m][j][3] += s1 * part[m][j][3];
       }
     }
-  };
+  }
 
-  // The first ST-1 groups of weights are requested before waiting on the kernel that writes x,
-  // so under programmatic dependent launch they stream while that kernel finishes.
-  pdl_launch_dependents();
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s)
-    if (gb + s < ge) load_w(s, gb + s);
-  pdl_wait();
-  if constexpr (XS) {
+  // Groups [gb, ge) of m-tiles rt.., ST-1 stages ahead. With pdl: the first weights are requested,
+  // then pdl_wait (the activations come from the previous kernel).
+  __device__ __forceinline__ void run(int rt, int gb, int ge, bool pdl) {
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s)
-      if (gb + s < ge) load_x(xv[s], gb + s);
-  }
-#pragma unroll 1
-  for (int gi = gb; gi < ge; gi += ST) {
+      if (gb + s < ge) load_w(s, rt, gb + s);
+    if (pdl) pdl_wait();
+    if constexpr (XS) {
 #pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      if (gi + s < ge) {
-        if (gi + s + ST - 1 < ge) load((s + ST - 1) % ST, gi + s + ST - 1);
-        group(s, gi + s);
+      for (int s = 0; s < ST - 1; ++s)
+        if (gb + s < ge) load_x(s, gb + s);
+    }
+#pragma unroll 1
+    for (int gi = gb; gi < ge; gi += ST) {
+#pragma unroll
+      for (int s = 0; s < ST; ++s) {
+        if (gi + s < ge) {
+          if (gi + s + ST - 1 < ge) load((s + ST - 1) % ST, rt, gi + s + ST - 1);
+          group(s, gi + s);
+        }
       }
     }
   }
 
-  // Reduce the KS partial sums in a fixed order, then store.
-  constexpr int V = MT * NT * 4;  // values per lane
-  if constexpr (KS > 1) {
-    __shared__ float red[KS][V][32];
+  // Value v of this lane's accumulators (v = (m*NT + j)*4 + e) and where it goes.
+  __device__ __forceinline__ float value(int v) const {
+    float out = 0.f;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) red[warp][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
+        for (int e = 0; e < 4; ++e)
+          if ((m * NT + j) * 4 + e == v) out = acc[m][j][e];
+    return out;
+  }
+};
+
+// Output feature n and activation row r of accumulator value v of `lane` for m-tile base rt0 and
+// batch base r0 (the mma C-fragment layout).
+__device__ __forceinline__ void gemv_out_index(int v, int NT, int lane, int rt0, int r0, int& n, int& r) {
+  const int m = v / (NT * 4), j = (v / 4) % NT, e = v % 4;
+  n = (rt0 + m) * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+  r = r0 + 8 * j + 2 * (lane & 3) + (e & 1);
+}
+
+template <int EPI>
+__device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N, int R, float s) {
+  if (n < N && r < R) {
+    bf16* o = y + (size_t)r * ldy + n;
+    if (EPI == EPI_ADD) *o = to_bf(to_f(*o) + round_bf(s));
+    else *o = to_bf(s);
+  }
+}
+
+// MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows) per warp, BTG = 8*NT;
+// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
+// ST: pipeline stages, the groups of weights (and their scales) a warp has in flight, ST-1 of
+// them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
+// stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2).
+// MT, NT, ST and XS change neither the arithmetic nor its order, only how it is scheduled: a
+// row's result is bitwise the same for every choice of them (KS does change the sum order).
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0>
+__device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
+        const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
+  using Wp = GemvWarp<K, MT, NT, ST, XS>;
+  constexpr int NG = Wp::NG, V = Wp::V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rt0 = blockIdx.x * MT;  // first row tile of this block
+  const int r0 = blockIdx.y * (8 * NT);
+  Wp wp(qweight, scales, x, ldx, r0, R);
+  // This warp's share of the groups: [gb, ge). The first ST-1 groups of weights are requested
+  // before waiting on the kernel that writes x, so under programmatic dependent launch they
+  // stream while that kernel finishes.
+  pdl_launch_dependents();
+  wp.run(rt0, (warp * NG) / KS, ((warp + 1) * NG) / KS, true);
+
+  // Reduce the KS partial sums in a fixed order, then store.
+  if constexpr (KS > 1) {
+    __shared__ float red[KS][V][32];
+#pragma unroll
+    for (int v = 0; v < V; ++v) red[warp][v][lane] = wp.value(v);
     __syncthreads();
     // Thread t finalises value slots v = warp, warp+KS, ... for its lane.
 #pragma unroll 1
@@ -219,31 +279,90 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
       float s = 0.f;
 #pragma unroll
       for (int w = 0; w < KS; ++w) s += red[w][v][lane];
-      const int m = v / (NT * 4), j = (v / 4) % NT, e = v % 4;
-      const int n = (rt0 + m) * 16 + g + (e >= 2 ? 8 : 0);
-      const int r = r0 + 8 * j + 2 * c + (e & 1);
-      if (n < N && r < R) {
-        bf16* o = y + (size_t)r * ldy + n;
-        if (EPI == EPI_ADD) *o = to_bf(to_f(*o) + round_bf(s));
-        else *o = to_bf(s);
-      }
+      int n, r;
+      gemv_out_index(v, NT, lane, rt0, r0, n, r);
+      gemv_store<EPI>(y, ldy, n, r, N, R, s);
     }
   } else {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int n = (rt0 + m) * 16 + g + (e >= 2 ? 8 : 0);
-          const int r = r0 + 8 * j + 2 * c + (e & 1);
-          if (n < N && r < R) {
-            bf16* o = y + (size_t)r * ldy + n;
-            if (EPI == EPI_ADD) *o = to_bf(to_f(*o) + round_bf(acc[m][j][e]));
-            else *o = to_bf(acc[m][j][e]);
-          }
-        }
+    for (int v = 0; v < V; ++v) {
+      int n, r;
+      gemv_out_index(v, NT, lane, rt0, r0, n, r);
+      gemv_store<EPI>(y, ldy, n, r, N, R, wp.value(v));
+    }
   }
+}
+
+// ------------------------------------------------------------------------------ split-K cluster
+// The same product with the KS parts of K spread over the KS blocks of a thread-block cluster
+// instead of the KS warps of a block, for batch tiles whose activations do not fit one SM's L1:
+// block (rank p of its cluster) only ever reads part p of x, NT*8 rows x K/KS inputs, and walks a
+// band of row tiles with it, so every SM keeps its slice of x in L1 and x is read from L2 about
+// once per cluster instead of once per 16*MT output rows.
+//
+//   grid = (KS * bands, ceil(R / (8*NT))), cluster (KS, 1, 1), block 32*W threads (W warps),
+//   dynamic smem GemvClusterLaunch::smem_bytes. Band b covers row tiles [b*tpb, (b+1)*tpb),
+//   tpb = ceil(ceil(Np/16) / bands) rounded up to a multiple of MT (Np/16 must be one); each round, warp w of every block of the cluster computes the
+//   same MT row tiles over its block's part; the partials meet in distributed shared memory after
+//   one cluster barrier and block p sums its share of the round's outputs over the parts in part
+//   order 0..KS-1, from 0 — the same sums in the same order as gemv_q4, so the two kernels give
+//   bitwise the same rows. Partials are double-buffered: one barrier per round.
+template <int MT, int NT, int KS, int W>
+struct GemvClusterLaunch {
+  static constexpr int threads = 32 * W;
+  static constexpr int V = MT * NT * 4;
+  static constexpr int smem_bytes = 2 * W * V * 32 * 4;
+};
+
+template <int K, int MT, int NT, int KS, int EPI, int W, int ST = 2, int XS = 0>
+__device__ __forceinline__ void gemv_q4_cluster(const uint4* __restrict__ qweight,
+        const bf16* __restrict__ scales, const bf16* __restrict__ x, int ldx, bf16* y, int ldy,
+        int N, int R, int bands) {
+  using Wp = GemvWarp<K, MT, NT, ST, XS>;
+  constexpr int NG = Wp::NG, V = Wp::V;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ float gemv_red[];  // [2][W][V][32]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int p = (int)cluster.block_rank();
+  const int band = blockIdx.x / KS;
+  const int tiles = (N + 15) / 16;
+  const int tpb = ((tiles + bands - 1) / bands + MT - 1) / MT * MT;  // tiles % MT == 0 (caller)
+  const int t0 = band * tpb, t1 = min(t0 + tpb, tiles);
+  const int rounds = (tpb + W * MT - 1) / (W * MT);
+  const int r0 = blockIdx.y * (8 * NT);
+  const int gb = (p * NG) / KS, ge = ((p + 1) * NG) / KS;
+  Wp wp(qweight, scales, x, ldx, r0, R);
+  pdl_launch_dependents();
+#pragma unroll 1
+  for (int rd = 0; rd < rounds; ++rd) {
+    const int rt = t0 + (rd * W + warp) * MT;
+    float* mine = gemv_red + ((rd & 1) * W + warp) * V * 32;
+    if (rt < t1) {  // warp-uniform; rt + MT <= t1 since tiles and tpb are multiples of MT
+      wp.zero();
+      wp.run(rt, gb, ge, rd == 0);
+#pragma unroll
+      for (int v = 0; v < V; ++v) mine[v * 32 + lane] = wp.value(v);
+    } else if (rd == 0) {
+      pdl_wait();
+    }
+    cluster.sync();  // the round's partials of all KS parts are visible cluster-wide
+    // Block p finalises flat slots f = (w*V + v)*32 + l with f % (KS*32*W) in its share.
+    const int base = (rd & 1) * W * V * 32;
+#pragma unroll 1
+    for (int f = (p * W + warp) * 32 + lane; f < W * V * 32; f += KS * W * 32) {
+      const int wv = f / 32, l = f % 32, w = wv / V, v = wv % V;
+      const int rtw = t0 + (rd * W + w) * MT;
+      if (rtw >= t1) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < KS; ++q) s += cluster.map_shared_rank(gemv_red, q)[base + f];
+      int n, r;
+      gemv_out_index(v, NT, l, rtw, r0, n, r);
+      gemv_store<EPI>(y, ldy, n, r, N, R, s);
+    }
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
 }  // namespace q38

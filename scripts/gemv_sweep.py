@@ -22,12 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs (MT, ST, XS)
+# NT -> batch rows timed, configs: ("b", MT, ST, XS) = gemv_q4 (KS warps of a block split K),
+# ("c", MT, ST, XS, W, bands) = gemv_q4_cluster (KS blocks of a cluster split K, W warps each)
 SWEEP = {
-    1: (1, [(mt, st, xs) for mt in (1, 2) for st in (2, 3, 4, 6) for xs in (0, 1)]),
-    2: (16, [(mt, st, xs) for mt in (1, 2, 4) for st in (2, 3, 4) for xs in (0, 1)]),
-    4: (64, [(mt, st, xs) for mt in (1, 2) for st in (2, 3) for xs in (0, 1)]),
-    8: (64, [(1, st, 0) for st in (1, 2)]),
+    1: (1, [("b", mt, st, xs) for mt in (1, 2) for st in (2, 3) for xs in (0, 1)]
+        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 8, 32), ("c", 1, 2, 0, 4, 32), ("c", 2, 2, 0, 4, 32)]),
+    2: (16, [("b", mt, 2, xs) for mt in (1, 2, 4) for xs in (0, 1)]
+        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 8, 32), ("c", 2, 2, 0, 8, 16), ("c", 2, 2, 0, 4, 32),
+           ("c", 2, 2, 1, 4, 32), ("c", 1, 3, 0, 8, 16)]),
+    4: (64, [("b", 1, 2, 0), ("b", 2, 2, 0), ("b", 2, 2, 1)]
+        + [("c", 1, 2, 0, 8, 16), ("c", 2, 2, 0, 8, 16), ("c", 2, 2, 0, 4, 32), ("c", 2, 2, 1, 4, 16)]),
+    8: (64, [("b", 1, 1, 0), ("b", 1, 2, 0)]
+        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 4, 32), ("c", 2, 2, 0, 4, 16), ("c", 2, 2, 0, 8, 16),
+           ("c", 2, 1, 0, 8, 16)]),
 }
 KS_MAX = 8
 
@@ -36,25 +43,49 @@ def ks_of(k: int) -> int:
     return min(KS_MAX, k // 128)
 
 
-def name(k, mt, nt, st, xs):
-    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}"
+def name(k, nt, cfg):
+    if cfg[0] == "b":
+        _, mt, st, xs = cfg
+        return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}"
+    _, mt, st, xs, w, _ = cfg
+    return f"swc_k{k}_m{mt}_n{nt}_s{st}_x{xs}_w{w}"
+
+
+def smem_of(nt, cfg):
+    return 0 if cfg[0] == "b" else 2 * cfg[4] * cfg[1] * nt * 4 * 32 * 4
 
 
 def instances():
     ks = sorted({k for _, _, k, _ in SHAPES})
+    seen = set()
     for nt, (_, cfgs) in SWEEP.items():
         for k in ks:
-            for mt, st, xs in cfgs:
-                yield k, mt, nt, st, xs
+            for cfg in cfgs:
+                n = name(k, nt, cfg)
+                if n not in seen:
+                    seen.add(n)
+                    yield k, nt, cfg
 
 
 def source() -> str:
     out = ['#include "gemv_q4.cuh"']
-    for k, mt, nt, st, xs in instances():
-        out.append(
-            f'extern "C" __global__ void __launch_bounds__({32 * ks_of(k)}, 1) {name(k, mt, nt, st, xs)}('
-            "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, int ldy, "
-            f"int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks_of(k)}, 0, {st}, {xs}>(qw, sc, x, ldx, y, ldy, N, R); }}")
+    for k, nt, cfg in instances():
+        ks = ks_of(k)
+        if cfg[0] == "b":
+            _, mt, st, xs = cfg
+            out.append(
+                f'extern "C" __global__ void __launch_bounds__({32 * ks}, 1) {name(k, nt, cfg)}('
+                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
+                f"int ldy, int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}>"
+                "(qw, sc, x, ldx, y, ldy, N, R); }")
+        else:
+            _, mt, st, xs, w, _ = cfg
+            out.append(
+                f'extern "C" __global__ void __launch_bounds__({32 * w}, 1) __cluster_dims__({ks}, 1, 1) '
+                f"{name(k, nt, cfg)}("
+                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
+                f"int ldy, int N, int R, int bands) {{ q38::gemv_q4_cluster<{k}, {mt}, {nt}, {ks}, 0, "
+                f"{w}, {st}, {xs}>(qw, sc, x, ldx, y, ldy, N, R, bands); }}")
     return "\n".join(out) + "\n"
 
 
@@ -99,25 +130,39 @@ def run(cubin: str, reps: int = 20):
         ncopy = max(2, pool_bytes // wb)
         W = [drv.mem_alloc(wb) for _ in range(ncopy)]
         S = [drv.mem_alloc(sb) for _ in range(ncopy)]
-        for a in W:
-            drv.memset_d32(a, 0x19E37C5B, wb // 4)
-        for a in S:
-            drv.memset_d16(a, 0x3C00, sb // 2)   # bf16 2^-7
         rng = np.random.default_rng(0)
+        for a in W[1:]:
+            drv.memset_d32(a, 0x19E37C5B, wb // 4)
+        for a in S[1:]:
+            drv.memset_d16(a, 0x3C00, sb // 2)   # bf16 2^-7
+        # Copy 0 (the one the bitwise comparison reads) is random: every row and group differs.
+        drv.memcpy_htod(W[0], rng.integers(0, 2**32, wb // 4, dtype=np.uint32))
+        sh = (rng.uniform(0.5, 1.5, sb // 2).astype(np.float32) * 2**-7).view(np.uint32) >> 16
+        drv.memcpy_htod(S[0], sh.astype(np.uint16))
         for nt, (R, cfgs) in SWEEP.items():
             xh = (rng.standard_normal((R, K)) * 0.5).astype(np.float32)
             xb = (xh.view(np.uint32) >> 16).astype(np.uint16)
             x = drv.to_device(xb)
             y = drv.mem_alloc(R * N * 2)
             ref = None
-            for mt, st, xs in cfgs:
-                fn = mod.get_function(name(K, mt, nt, st, xs))
-                grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
-                block = (32 * ks_of(K), 1, 1)
-                args = (np.int32(K), )
+            for cfg in cfgs:
+                fn = mod.get_function(name(K, nt, cfg))
+                mt = cfg[1]
+                sm = smem_of(nt, cfg)
+                if sm > 48 * 1024:
+                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
+                if cfg[0] == "b":
+                    grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
+                    block = (32 * ks_of(K), 1, 1)
+                    extra = ()
+                else:
+                    grid = (ks_of(K) * cfg[5], -(-R // (8 * nt)), 1)
+                    block = (32 * cfg[4], 1, 1)
+                    extra = (np.int32(cfg[5]),)
+
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], x, np.int32(K), y, np.int32(N), np.int32(N),
-                       np.int32(R), grid=grid, block=block, stream=s)
+                       np.int32(R), *extra, grid=grid, block=block, shared=sm, stream=s)
                 drv.memset_d16(y, 0x7FC0, R * N)
                 launch(0)
                 s.synchronize()
@@ -134,10 +179,10 @@ def run(cubin: str, reps: int = 20):
                 e1.record(s)
                 e1.synchronize()
                 t = e1.time_since(e0) / 1e3 / reps
-                results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt, "mt": mt,
-                                "st": st, "xs": xs, "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
+                results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt,
+                                "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
                                 "bitwise_same": same, "count": count,
-                                "regs": regs.get(name(K, mt, nt, st, xs), "")})
+                                "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
             y.free()
         for a in W + S:
@@ -145,8 +190,9 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gate_up", 1, 1, 2, 0), ("gate_up", 2, 2, 2, 0), ("gate_up", 4, 2, 2, 1),
-           ("gate_up", 8, 1, 1, 0), ("out", 1, 1, 2, 0)]
+PROFILE = [("gate_up", 1, ("b", 1, 2, 0)), ("gate_up", 2, ("b", 2, 2, 0)),
+           ("gate_up", 4, ("b", 2, 2, 1)), ("gate_up", 8, ("c", 1, 2, 0, 8, 16)),
+           ("gate_up", 2, ("c", 1, 2, 0, 8, 16))]
 
 
 def profile(cubin: str):
@@ -157,7 +203,7 @@ def profile(cubin: str):
 
     mod = drv.module_from_file(cubin)
     shapes = {s[0]: s for s in SHAPES}
-    for sname, nt, mt, st, xs in PROFILE:
+    for sname, nt, cfg in PROFILE:
         _, N, K, _ = shapes[sname]
         R = SWEEP[nt][0]
         W = drv.mem_alloc(N * K // 2)
@@ -166,19 +212,27 @@ def profile(cubin: str):
         drv.memset_d16(S, 0x3C00, N * (K // 128))
         x = drv.to_device(np.full((R, K), 0x3F80, np.uint16))
         y = drv.mem_alloc(R * N * 2)
-        fn = mod.get_function(name(K, mt, nt, st, xs))
-        fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
-           grid=(N // (16 * mt), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1))
+        fn = mod.get_function(name(K, nt, cfg))
+        sm = smem_of(nt, cfg)
+        if sm > 48 * 1024:
+            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
+        if cfg[0] == "b":
+            fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
+               grid=(N // (16 * cfg[1]), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1))
+        else:
+            fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R), np.int32(cfg[5]),
+               grid=(ks_of(K) * cfg[5], -(-R // (8 * nt)), 1), block=(32 * cfg[4], 1, 1), shared=sm)
         drv.Context.synchronize()
         for a in (W, S, x, y):
             a.free()
 
 
 def report(results):
-    print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'MT':>2s} {'ST':>2s} {'XS':>2s} {'us':>9s} {'GB/s':>7s} same  regs")
+    print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'config':22s} {'us':>9s} {'GB/s':>7s} same  regs")
     for r in results:
-        print(f"{r['shape']:8s} {r['R']:3d} {r['nt']:2d} {r['mt']:2d} {r['st']:2d} {r['xs']:2d} "
-              f"{r['us']:9.1f} {r['gbs']:7.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  {r['regs'][-40:]}")
+        print(f"{r['shape']:8s} {r['R']:3d} {r['nt']:2d} {str(tuple(r['cfg'])):22s} "
+              f"{r['us']:9.1f} {r['gbs']:7.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  "
+              f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}")
     print("\nbest per (shape, NT) and the step-weighted GEMV time:")
     best = {}
     for r in results:
@@ -188,7 +242,7 @@ def report(results):
     tot = {}
     for (sh, nt), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         tot[nt] = tot.get(nt, 0.0) + r["us"] * r["count"]
-        print(f"  NT={nt} {sh:8s} MT={r['mt']} ST={r['st']} XS={r['xs']}  {r['us']:8.1f} us  {r['gbs']:6.0f} GB/s")
+        print(f"  NT={nt} {sh:8s} {str(tuple(r['cfg'])):22s} {r['us']:8.1f} us  {r['gbs']:6.0f} GB/s")
     for nt, t in tot.items():
         print(f"  NT={nt}: step GEMV sum {t / 1e3:.3f} ms")
 
