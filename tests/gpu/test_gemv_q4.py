@@ -110,3 +110,73 @@ def test_gemv_batch_invariant_bitwise(cuda_ctx):
             _run(fn, qw_d, sc_d, to_gpu(x[r:r + 1]), one, N, 1, mt, nt, ks)
             assert np.array_equal(one.get().view(np.uint16), full[r:r + 1].view(np.uint16)), \
                 f"tile {mt, nt, ks}: row {r} differs between R=1 and R=64"
+
+
+# ------------------------------------------------------------------------------ cluster split-K
+# (MT, NT, W, ST, XS): gemv_q4_cluster, KS = min(8, K/128) blocks per cluster splitting K.
+CLUSTER_TILES = [(1, 1, 8, 2, 0), (1, 2, 8, 2, 0), (2, 2, 4, 2, 1), (1, 4, 8, 3, 0), (1, 8, 4, 2, 0)]
+BANDS = [1, 3, 16]
+
+
+def _cluster_kernel(K: int, mt: int, nt: int, w: int, st: int, xs: int, epi: int):
+    ks = min(8, K // 128)
+    key = ("c", K, mt, nt, w, st, xs, epi)
+    if key not in _MODS:
+        name = f"gemvc_{K}_{mt}_{nt}_{w}_{st}_{xs}_{epi}"
+        src = f"""
+#include "gemv_q4.cuh"
+extern "C" __global__ void __launch_bounds__({32 * w}, 1) __cluster_dims__({ks}, 1, 1)
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R, int bands) {{
+  q38::gemv_q4_cluster<{K}, {mt}, {nt}, {ks}, {epi}, {w}, {st}, {xs}>(q, s, x, ldx, y, ldy, N, R, bands);
+}}
+"""
+        fn = build(src).get_function(name)
+        smem = 2 * w * mt * nt * 4 * 32 * 4
+        if smem > 48 * 1024:
+            import pycuda.driver as drv
+            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        _MODS[key] = (fn, smem, ks)
+    return _MODS[key]
+
+
+def _run_cluster(k, qw, sc, x, y, N, R, nt, w, bands):
+    fn, smem, ks = k
+    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
+       np.int32(N), np.int32(R), np.int32(bands), block=(32 * w, 1, 1),
+       grid=(ks * bands, -(-R // (8 * nt))), shared=smem)
+
+
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (1280 + 768 + 32, 512), (96, 5120),
+                                 (5120, 17408)])
+def test_gemv_cluster_bitwise_equals_block_kernel(cuda_ctx, N, K):
+    """gemv_q4_cluster sums the same parts in the same order as gemv_q4: equal bits, both
+    epilogues, every band count (bands that do not divide the tiles, empty bands)."""
+    rng = np.random.default_rng([N, K, 4])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    tiles = qweight.shape[0]
+    for epi in (0, 1):
+        ref_fn = _kernel(K, 1, 1, ks, epi)
+        for mt, nt, w, st, xs in CLUSTER_TILES:
+            if tiles % mt:
+                continue
+            kc = _cluster_kernel(K, mt, nt, w, st, xs, epi)
+            for R in (1, 3, 17, 64):
+                x = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, to_gpu(x), want, N, R, 1, 1, ks)
+                want = want.get()
+                if epi == 0:
+                    e = rel_err(want, x.astype(np.float64) @ wdq.T)
+                    assert e < TOL, f"block kernel N={N} K={K} R={R}: rel err {e:.2e}"
+                for bands in BANDS:
+                    got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                    _run_cluster(kc, qw_d, sc_d, to_gpu(x), got, N, R, nt, w, bands)
+                    assert np.array_equal(got.get().view(np.uint16), want.view(np.uint16)), \
+                        (f"N={N} K={K} epi={epi} cluster {mt, nt, w, st, xs} bands={bands} R={R}: "
+                         "differs from gemv_q4")
+    print(f"gemv_q4_cluster N={N} K={K}: bitwise equal to gemv_q4 for {CLUSTER_TILES} x bands "
+          f"{BANDS} x R (1, 3, 17, 64) x both epilogues")
