@@ -21,24 +21,41 @@
 //   __sincosf on [−π, π] (absolute error ≤ 2^-21.4 there). sincosf itself would be as accurate
 //   but its large-argument path (|φ| > 105615, i.e. positions past ~1e5) needs a local-memory stack.
 //
-// attn — causal softmax over the cache, output gate:
+// attn — causal softmax over the cache, output gate, split-K ("flash decoding"):
 //   in   qbuf (above), qkv (for the gates), kc, vc, Tmax, pos, ntok
 //   out  o bf16 [R, H*D] (head-major, ready for o_proj):
 //          o[r, jD + d] = bf16( σ(gate_j[d]) · Σ_s softmax_s(q_j·K_m[s] / √D) · V_m[s][d] ),
-//          s = 0 .. min(p, Tmax−1); padding rows get exact zeros.
-//   Launch AttnLaunch: grid (B*HKV, PT), block `threads`, static smem (warps·D + 2·warps·G)·4 bytes
-//   (8.4 KiB at G = 6), no dynamic smem.
-//   One block per (sequence, kv head, chunk token) serves that token's G query heads, so each K/V
-//   vector loaded is used G times. Its warps take U consecutive slots each in turn (16-byte loads,
-//   a lane owns 8 dims) and keep their own online softmax (running max, sum and o for G heads) in
-//   registers, in the log2 domain; at the end the warp states are merged in shared memory in a
-//   fixed order, so the result is deterministic. fp32 throughout, one bf16 rounding at the end.
-//   Performance note: this is the simple single pass. It streams K/V once per (b, m, t), with only
-//   B·HKV·PT blocks; for B·HKV well below the 132 SMs and long contexts the lever is split-K
-//   ("flash decoding"): a grid.z that splits the slots, each split writing its (max, sum, o)
-//   partials, and a second kernel that merges them exactly as the end of attn does. A prefill
-//   chunk re-reads the K/V of (b, m) once per token (from L2); a tensor-core tile over the chunk's
-//   tokens is the lever there.
+//          s = 0 .. n−1, n = min(p + 1, Tmax); padding rows get exact zeros.
+//   scratch  part fp32 [R, HKV, stride(Tmax), part_floats]: one partial per split, o[G][D]
+//              (unnormalised), then m[G], l[G], padded to 16 bytes; any content on entry.
+//            arrivals int32 [R, HKV]: all 0 before the first launch; every launch leaves it 0,
+//              so one pair of buffers serves every attention layer launched on a stream.
+//   Split: a row's n slots are cut into ns(n) = ⌈n / span(n)⌉ splits of span(n) slots,
+//   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = 64, max_splits = 32: 64-slot splits up
+//   to n = 2048, then at most 32 splits of a whole number of 64-slot tiles). It depends on n only,
+//   never on B or the grid, so a row's bits are the same at every batch size.
+//   Launch AttnLaunch: grid (gx, B*HKV, PT), block `threads`, static smem (2·warps·G +
+//   warps·merge_heads·D + 2·max_splits·G + 1)·4 bytes (25.9 KiB at G = 6), no dynamic smem.
+//   gx ≥ 1 is free (ops.attn_grid_x: ~264 blocks in all, at most max_splits): block x computes
+//   splits x, x + gx, … of its row, one after the other (blocks with x ≥ ns exit at once). The
+//   splits run fastest in the grid, so a row's partials are merged while still in L2. Which
+//   block computes a split changes no bit of it.
+//   Within a split: one block per (sequence, kv head, chunk token, split) serves that token's G
+//   query heads, so each K/V vector loaded is used G times. Its warps take U consecutive slots
+//   each in turn (16-byte loads, a lane owns 8 dims) and keep their own online softmax (running
+//   max, sum and o for G heads) in registers, in the log2 domain; at the end the warp states are
+//   merged in shared memory in a fixed order (M = max m_w, L = Σ_w l_w 2^(m_w−M), o = Σ_w o_w
+//   2^(m_w−M), w = 0, 1, … in order). One split (n ≤ 64): o/L is gated and written as bf16 right
+//   there (no scratch, no counter; the arithmetic of the single-pass kernel before split-K).
+//   Several: (M, L, o) go to the split's partial; the block then __threadfence()s and adds its
+//   count of splits to arrivals[r, m]; the block that brings it to ns resets it to 0 and merges
+//   the ns partials read through L2 (__ldcg), in split order z = 0, 1, …, exactly like the warp
+//   merge: M = max m_z, L = Σ_z l_z 2^(m_z−M), o = Σ_z o_z · (2^(m_z−M)/L), then the gate and the
+//   one bf16 rounding. fp32 throughout. Deterministic: no float atomics, fixed merge orders.
+//   Performance note: at B = 1, n = 1024 that is 16 splits × HKV blocks instead of HKV; at large
+//   B·HKV (gx = 1) a block streams its row like the single pass did, plus one warp merge and one
+//   partial (6 KiB at G = 6) per 64 slots and the final merge. A prefill chunk re-reads the K/V of
+//   (b, m) once per token (from L2); a tensor-core tile over the chunk's tokens is the lever there.
 //
 // Template parameters: D head_dim (256: a warp covers one head with one 16-byte vector per lane),
 // RD rotary dims (MODEL.md's R = 64), H / HKV query / kv heads, PT rows per sequence.
@@ -72,7 +89,24 @@ struct AttnLaunch {
   // Slots per warp and step: 8 loads of 16 bytes in flight per lane. At G = 6 this is ~208
   // registers, still one 256-thread block per SM like U = 2 (~176), so the deeper prefetch is free.
   static constexpr int unroll = 4;
-  // grid = (B*HKV, PT); static smem = (warps*D + 2*warps*G) * 4 bytes
+  // Split-K: a row of n slots is cut into ns(n) splits of span(n) slots (a multiple of `split`),
+  // at most max_splits of them; both depend on n only, never on B or the grid.
+  static constexpr int split = 64;
+  static constexpr int max_splits = 32;
+  // Heads per round of the in-block warp merge (shared memory sm_o[warps][merge_heads][D]).
+  static constexpr int merge_heads = G % 3 == 0 ? 3 : (G % 2 == 0 ? 2 : 1);
+  // One split's partial in the scratch: o[G][D] (unnormalised), then m[G], l[G], padded to 16 B.
+  static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
+  __host__ __device__ static constexpr int span(int n) {
+    return split * (((n + split - 1) / split + max_splits - 1) / max_splits);
+  }
+  __host__ __device__ static constexpr int splits(int n) { return (n + span(n) - 1) / span(n); }
+  // Partials per (row, kv head) in the scratch: the most splits any n <= tmax has.
+  __host__ __device__ static constexpr int stride(int tmax) {
+    return (tmax + split - 1) / split < max_splits ? (tmax + split - 1) / split : max_splits;
+  }
+  // grid = (gx, B*HKV, PT), gx >= 1 free (ops.attn_grid_x); static smem =
+  // (2*warps*G + warps*merge_heads*D + 2*max_splits*G + 1) * 4 bytes
 };
 
 // cos/sin of the RoPE angle p·ω_f, ω_f = 1/θ^(2f/RD), as described above.
@@ -161,24 +195,35 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
                                      int ld, const bf16* __restrict__ kc,
                                      const bf16* __restrict__ vc, int tmax,
                                      const int* __restrict__ pos, const int* __restrict__ ntok,
+                                     float* __restrict__ part, int* __restrict__ arrivals,
                                      bf16* __restrict__ o) {
   static_assert(D == 256, "attn: a warp owns one head of 256 dims, 8 per lane");
   static_assert(H % HKV == 0, "attn: H must be a multiple of HKV");
   using L = AttnLaunch<D, H, HKV, PT>;
-  constexpr int G = L::G, NW = L::warps, U = L::unroll;
-  __shared__ float sm_ml[2][NW][G];            // per warp: running max, running sum
-  __shared__ __align__(16) float sm_o[NW][D];  // per warp: o of one head, during the merge
+  constexpr int G = L::G, NW = L::warps, U = L::unroll, GR = L::merge_heads, PF = L::part_floats;
+  static_assert(G % GR == 0 && (GR * D) % L::threads == 0, "attn: merge rounds must tile G");
+  static_assert(L::split % (NW * U) == 0, "attn: a split is whole block steps");
+  __shared__ float sm_ml[2][NW][G];                // per warp: running max, running sum
+  __shared__ __align__(16) float sm_o[NW][GR][D];  // per warp: o of GR heads, during the merge
+  __shared__ float sm_w[2][L::max_splits][G];      // split merge: m, l, then the weights
+  __shared__ int s_last;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int b = blockIdx.x / HKV, m = blockIdx.x - b * HKV, t = blockIdx.y;
+  const int b = blockIdx.y / HKV, m = blockIdx.y - b * HKV, t = blockIdx.z;
   const int r = b * PT + t;
   bf16* orow = o + (size_t)r * (H * D) + m * G * D;  // this block's G heads, contiguous
-  if (t >= ntok[b]) {  // padding row: zeros (uniform over the block, before any barrier)
-    for (int i = threadIdx.x; i < G * D / 8; i += L::threads)
-      reinterpret_cast<uint4*>(orow)[i] = make_uint4(0u, 0u, 0u, 0u);
+  const int nt = ntok[b], p = pos[b] + t;
+  if (t >= nt) {  // padding row: zeros from block x = 0 (uniform over the block, no barrier yet)
+    if (blockIdx.x == 0)
+      for (int i = threadIdx.x; i < G * D / 8; i += L::threads)
+        reinterpret_cast<uint4*>(orow)[i] = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
-  const int n = min(pos[b] + t + 1, tmax);  // causal: slots 0 .. p
+  const int n = min(p + 1, tmax);  // causal: slots 0 .. p
+  const int len = L::span(n), ns = L::splits(n);
+  if ((int)blockIdx.x >= ns) return;  // no split for this block
+  float* prow = part + ((size_t)r * HKV + m) * L::stride(tmax) * PF;
+  const bf16* gate = qkv + (size_t)r * ld + D;  // gate of head j at gate + 2Dj
 
   // q pre-scaled by log2(e)/√D: scores come out in the log2 domain.
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
@@ -189,111 +234,180 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[g][i] *= qscale;
   }
-  float mx[G], sum[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    mx[g] = -INFINITY;
-    sum[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
-  }
 
   const size_t base = ((size_t)b * HKV + m) * tmax * D + lane * 8;
   const bf16* kp = kc + base;
   const bf16* vp = vc + base;
-  for (int s0 = warp * U; s0 < n; s0 += NW * U) {  // slot s0 < n always: mx becomes finite
-    uint4 kr[U], vr[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // slots >= n are never read
-      if (s0 + u < n) {
-        kr[u] = ldg16(kp + (size_t)(s0 + u) * D);
-        vr[u] = ldg16(vp + (size_t)(s0 + u) * D);
-      }
-    }
-    float sc[G][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float k[8];
-      unpack_bf16x8(kr[u], k);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float d = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
-        sc[g][u] = warp_sum(d);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (s0 + u >= n)
-#pragma unroll
-        for (int g = 0; g < G; ++g) sc[g][u] = -INFINITY;
-    // Online softmax: m' = max(m, s_u); o ← o·2^(m−m') + Σ_u 2^(s_u−m') V_u; l likewise.
+  int mine = 0;  // splits this block computed
+  for (int z = blockIdx.x; z < ns; z += gridDim.x, ++mine) {
+    const int s_end = min(n, (z + 1) * len);
+    float mx[G], sum[G], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float mn = mx[g];
+      mx[g] = -INFINITY;
+      sum[g] = 0.f;
 #pragma unroll
-      for (int u = 0; u < U; ++u) mn = fmaxf(mn, sc[g][u]);
-      const float corr = exp2f(mx[g] - mn);
-      mx[g] = mn;
-      sum[g] *= corr;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= corr;
+      for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+    }
+    // slot s0 < s_end always: mx becomes finite
+    for (int s0 = z * len + warp * U; s0 < s_end; s0 += NW * U) {
+      uint4 kr[U], vr[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        sc[g][u] = exp2f(sc[g][u] - mn);
-        sum[g] += sc[g][u];
+        kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // slots >= s_end are never read
+        if (s0 + u < s_end) {
+          kr[u] = ldg16(kp + (size_t)(s0 + u) * D);
+          vr[u] = ldg16(vp + (size_t)(s0 + u) * D);
+        }
+      }
+      float sc[G][U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float k[8];
+        unpack_bf16x8(kr[u], k);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float d = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
+          sc[g][u] = warp_sum(d);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (s0 + u >= s_end)
+#pragma unroll
+          for (int g = 0; g < G; ++g) sc[g][u] = -INFINITY;
+      // Online softmax: m' = max(m, s_u); o ← o·2^(m−m') + Σ_u 2^(s_u−m') V_u; l likewise.
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mn = mx[g];
+#pragma unroll
+        for (int u = 0; u < U; ++u) mn = fmaxf(mn, sc[g][u]);
+        const float corr = exp2f(mx[g] - mn);
+        mx[g] = mn;
+        sum[g] *= corr;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] *= corr;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          sc[g][u] = exp2f(sc[g][u] - mn);
+          sum[g] += sc[g][u];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float v[8];
+        unpack_bf16x8(vr[u], v);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(sc[g][u], v[i], acc[g][i]);
+      }
+    }
+
+    // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w − M), o = Σ_w o_w 2^(m_w − M) [/ L].
+    // A warp that got no slot has m_w = −inf, l_w = 0, o_w = 0 and weighs 0; warp 0 always has
+    // the split's first slot, so M is finite. One split (ns = 1): o is final, normalised, gated
+    // and written as bf16. Several: (M, L, unnormalised o) go to this split's partial.
+    float* pz = prow + (size_t)z * PF;
+    if (lane == 0) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        sm_ml[0][warp][g] = mx[g];
+        sm_ml[1][warp][g] = sum[g];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float M = -INFINITY, Ls = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_ml[0][w][g]);
+#pragma unroll
+      for (int w = 0; w < NW; ++w) Ls += sm_ml[1][w][g] * exp2f(sm_ml[0][w][g] - M);
+      const float e = exp2f(mx[g] - M);
+      const float f = ns == 1 ? e / Ls : e;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] *= f;
+      if (ns > 1 && threadIdx.x == 0) {
+        pz[G * D + g] = M;
+        pz[G * D + G + g] = Ls;
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float v[8];
-      unpack_bf16x8(vr[u], v);
+    for (int g0 = 0; g0 < G; g0 += GR) {
 #pragma unroll
-      for (int g = 0; g < G; ++g)
+      for (int gg = 0; gg < GR; ++gg) {
+        float4* dst = reinterpret_cast<float4*>(&sm_o[warp][gg][lane * 8]);
+        dst[0] = make_float4(acc[g0 + gg][0], acc[g0 + gg][1], acc[g0 + gg][2], acc[g0 + gg][3]);
+        dst[1] = make_float4(acc[g0 + gg][4], acc[g0 + gg][5], acc[g0 + gg][6], acc[g0 + gg][7]);
+      }
+      __syncthreads();
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(sc[g][u], v[i], acc[g][i]);
+      for (int k = 0; k < GR * D / L::threads; ++k) {
+        const int idx = threadIdx.x + k * L::threads, gg = idx / D, d = idx - gg * D;
+        const int g = g0 + gg;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) s += sm_o[w][gg][d];
+        if (ns == 1)
+          orow[g * D + d] = to_bf(s * sigmoidf_(to_f(gate[2 * D * (m * G + g) + d])));
+        else
+          pz[g * D + d] = s;
+      }
+      __syncthreads();  // sm_o (and sm_ml) are rewritten next
     }
   }
+  if (ns == 1) return;
 
-  // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w − M), o = Σ_w o_w 2^(m_w − M) / L.
-  // A warp that got no slot has m_w = −inf, l_w = 0, o_w = 0 and weighs 0; warp 0 always has
-  // slot 0, so M is finite.
-  if (lane == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      sm_ml[0][warp][g] = mx[g];
-      sm_ml[1][warp][g] = sum[g];
-    }
+  // Several splits: this block's partials are out; count them in arrivals[r, m]. The block that
+  // brings the count to ns merges all ns partials (in split order) and resets the counter, so
+  // every launch finds it at 0.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* cnt = arrivals + (size_t)r * HKV + m;
+    const int last = atomicAdd(cnt, mine) + mine == ns;
+    if (last) *cnt = 0;  // every split has arrived: nothing else touches it in this launch
+    __threadfence();
+    s_last = last;
   }
   __syncthreads();
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float M = -INFINITY, Ls = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_ml[0][w][g]);
-#pragma unroll
-    for (int w = 0; w < NW; ++w) Ls += sm_ml[1][w][g] * exp2f(sm_ml[0][w][g] - M);
-    const float f = exp2f(mx[g] - M) / Ls;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] *= f;
+  if (!s_last) return;
+
+  // M = max_z m_z, L = Σ_z l_z 2^(m_z − M), o = Σ_z o_z · (2^(m_z − M) / L), z = 0, 1, … in
+  // order; the partials are read through L2 (__ldcg: other SMs wrote them in this launch).
+  for (int i = threadIdx.x; i < ns * G; i += L::threads) {
+    const int z = i / G, g = i - z * G;
+    sm_w[0][z][g] = __ldcg(prow + (size_t)z * PF + G * D + g);
+    sm_w[1][z][g] = __ldcg(prow + (size_t)z * PF + G * D + G + g);
   }
-  const bf16* gate = qkv + (size_t)r * ld + D;  // gate of head j at gate + 2Dj
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float4* dst = reinterpret_cast<float4*>(&sm_o[warp][lane * 8]);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
-    __syncthreads();
-    const int j = m * G + g;
-    for (int d = threadIdx.x; d < D; d += L::threads) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) s += sm_o[w][d];
-      orow[g * D + d] = to_bf(s * sigmoidf_(to_f(gate[2 * D * j + d])));
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float M = -INFINITY, Ls = 0.f;
+    for (int z = 0; z < ns; ++z) M = fmaxf(M, sm_w[0][z][g]);
+    for (int z = 0; z < ns; ++z) Ls += sm_w[1][z][g] * exp2f(sm_w[0][z][g] - M);
+    for (int z = 0; z < ns; ++z) sm_w[1][z][g] = exp2f(sm_w[0][z][g] - M) / Ls;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D / 4; i += L::threads) {
+    const int g = i / (D / 4), d = (i - g * (D / 4)) * 4;
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int z = 0; z < ns; ++z) {
+      const float w = sm_w[1][z][g];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(prow + (size_t)z * PF + g * D + d));
+      a[0] = fmaf(w, v.x, a[0]);
+      a[1] = fmaf(w, v.y, a[1]);
+      a[2] = fmaf(w, v.z, a[2]);
+      a[3] = fmaf(w, v.w, a[3]);
     }
-    __syncthreads();  // sm_o is rewritten for the next head
+    const bf16* gp = gate + 2 * D * (m * G + g) + d;
+    bf162* dst = reinterpret_cast<bf162*>(orow + g * D + d);
+    dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
+    dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
   }
 }
 

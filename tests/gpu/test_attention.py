@@ -11,6 +11,14 @@ KV cache whose valid slots (< pos[b]) hold random K/V while every other slot hol
   (isolates attn), and end to end against the independent fp64 chain from qkv;
 * exact zeros in the output rows of padding tokens.
 
+Split-K (attn cuts a row of n slots into ns(n) splits, ops.attn_span / attn_splits): the split
+scratch starts NaN and the arrival counters at 0; after every launch the counters must be all 0
+again, and a second launch on the same buffers must give bitwise the same output. Covered: n = 1,
+SPLIT − 1, SPLIT, SPLIT + 1, several splits, the most splits (32·SPLIT) and the first grown span
+(32·SPLIT + 1), 100 000-slot contexts; B = 1, 3, 17; PT = 1, 4; grid.x from the plan's rule, 1
+(one block runs every split of its row) and 3; and batch invariance: a sequence computed at B = 1
+and inside B = 5 (another Tmax, another grid.x) gives bitwise the same output.
+
 Geometries: tiny (H=6, HKV=2, G=3) and 27B (H=24, HKV=4, G=6), head_dim 256, rotary 64.
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qwen38gen import ops
 from tests.gpu import ref_ops as ref
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
@@ -39,10 +48,12 @@ TOL_ATTN = 1e-2
 TOL_E2E = 2e-2
 
 _MODS: dict = {}
+SPLIT = ops.ATTN_SPLIT
 
 
 def _kernels(H: int, HKV: int, PT: int):
-    """(prep, attn, launch) for one geometry and chunk size; launch comes from the C++ structs."""
+    """(prep, attn, launch) for one geometry and chunk size; launch comes from the C++ structs:
+    prep threads, prep grid_y, attn threads, split, max_splits, part_floats."""
     key = (H, HKV, PT)
     if key not in _MODS:
         import pycuda.driver as drv
@@ -53,7 +64,8 @@ def _kernels(H: int, HKV: int, PT: int):
         src = f"""
 #include "attention.cuh"
 using q38::bf16;
-extern "C" __constant__ int launch_{tag}[3] = {{{P}::threads, {P}::grid_y, {A}::threads}};
+extern "C" __constant__ int launch_{tag}[6] = {{{P}::threads, {P}::grid_y, {A}::threads,
+                                               {A}::split, {A}::max_splits, {A}::part_floats}};
 extern "C" __global__ void __launch_bounds__({P}::threads)
 prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, float theta,
            const int* pos, const int* ntok, bf16* qbuf, bf16* kc, bf16* vc, int tmax) {{
@@ -62,35 +74,58 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 }}
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
-           const int* pos, const int* ntok, bf16* o) {{
-  q38::attn<{D}, {H}, {HKV}, {PT}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, o);
+           const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
+  q38::attn<{D}, {H}, {HKV}, {PT}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o);
 }}
 """
         mod = build(src)
         ptr, _ = mod.get_global(f"launch_{tag}")
-        launch = np.zeros(3, np.int32)
+        launch = np.zeros(6, np.int32)
         drv.memcpy_dtoh(launch, ptr)
-        _MODS[key] = (mod.get_function(f"prep_{tag}"), mod.get_function(f"attn_{tag}"),
-                      tuple(int(v) for v in launch))
+        launch = tuple(int(v) for v in launch)
+        # the Python mirror (ops.py) sizes the scratch and picks the grid: it must agree
+        assert launch[3:] == (ops.ATTN_SPLIT, ops.ATTN_MAX_SPLITS,
+                              ops.attn_part_floats(_Geom(H, HKV))), launch
+        _MODS[key] = (mod.get_function(f"prep_{tag}"), mod.get_function(f"attn_{tag}"), launch)
     return _MODS[key]
 
 
-def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax):
-    """attn_prep then attn on the device, as a step runs them; returns qbuf, kc, vc, out."""
-    prep, attn, (p_threads, p_grid_y, a_threads) = _kernels(H, HKV, PT)
+class _Geom:
+    """The ModelConfig fields ops.attn_part_floats reads."""
+
+    def __init__(self, H, HKV):
+        self.num_attention_heads, self.num_key_value_heads, self.head_dim = H, HKV, D
+
+
+def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
+    """attn_prep then attn on the device, as a step runs them, then attn once more on the same
+    buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
+    Returns qbuf, kc, vc, out (of the first attn launch)."""
+    prep, attn, (p_threads, p_grid_y, a_threads, *_) = _kernels(H, HKV, PT)
     R, ld = qkv.shape
+    gx = ops.attn_grid_x(B * HKV * PT) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
     pos_d, ntok_d = to_gpu(np.asarray(pos, np.int32)), to_gpu(np.asarray(ntok, np.int32))
     kc_d, vc_d = to_gpu(kc0), to_gpu(vc0)
     qbuf_d = poisoned((R, H, D), BF16)
-    out_d = poisoned((R, H * D), BF16)
+    part_d = poisoned((R, HKV, ops.attn_stride(tmax), ops.attn_part_floats(_Geom(H, HKV))),
+                      np.float32)
+    arr_d = to_gpu(np.zeros((R, HKV), np.int32))
     prep(qkv_d.gpudata, np.int32(ld), qn_d.gpudata, kn_d.gpudata, np.float32(EPS),
          np.float32(THETA), pos_d.gpudata, ntok_d.gpudata, qbuf_d.gpudata, kc_d.gpudata,
          vc_d.gpudata, np.int32(tmax), block=(p_threads, 1, 1), grid=(R, p_grid_y))
-    attn(qbuf_d.gpudata, qkv_d.gpudata, np.int32(ld), kc_d.gpudata, vc_d.gpudata, np.int32(tmax),
-         pos_d.gpudata, ntok_d.gpudata, out_d.gpudata, block=(a_threads, 1, 1),
-         grid=(B * HKV, PT))
-    return qbuf_d.get(), kc_d.get(), vc_d.get(), out_d.get()
+    outs = []
+    for _ in range(2):
+        out_d = poisoned((R, H * D), BF16)
+        attn(qbuf_d.gpudata, qkv_d.gpudata, np.int32(ld), kc_d.gpudata, vc_d.gpudata,
+             np.int32(tmax), pos_d.gpudata, ntok_d.gpudata, part_d.gpudata, arr_d.gpudata,
+             out_d.gpudata, block=(a_threads, 1, 1), grid=(gx, B * HKV, PT))
+        outs.append(out_d.get())
+        arr = arr_d.get()
+        assert not arr.any(), f"arrival counters not reset: {np.count_nonzero(arr)} nonzero"
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)), \
+        "a second attn launch on the same buffers differs"
+    return qbuf_d.get(), kc_d.get(), vc_d.get(), outs[0]
 
 
 def _bf16(a) -> np.ndarray:
@@ -113,19 +148,25 @@ def _cache(rng, B, HKV, tmax, pos, scale):
     return c
 
 
-def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True):
-    H, HKV = GEOMS[geom]
-    R = B * PT
-    pos, ntok = np.asarray(pos, np.int64), np.asarray(ntok, np.int64)
-    rng = np.random.default_rng(seed)
+def _inputs(rng, H, HKV, B, PT, pos, tmax, kscale=3.0):
+    """qkv [B·PT, ld], q_norm, k_norm, K cache, V cache (valid below pos[b], garbage above)."""
     ld = 2 * H * D + 2 * HKV * D + 24  # a row stride wider than the fused width (ld % 8 == 0)
-    qkv = _bf16(rng.standard_normal((R, ld)) * rng.uniform(0.2, 4.0, (R, 1)))
+    qkv = _bf16(rng.standard_normal((B * PT, ld)) * rng.uniform(0.2, 4.0, (B * PT, 1)))
     qn = _bf16(rng.standard_normal(D) * 0.4)
     kn = _bf16(rng.standard_normal(D) * 0.4)
     kc0 = _cache(rng, B, HKV, tmax, pos, kscale)
     vc0 = _cache(rng, B, HKV, tmax, pos, 1.0)
+    return qkv, qn, kn, kc0, vc0
 
-    qbuf, kc, vc, out = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax)
+
+def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None):
+    H, HKV = GEOMS[geom]
+    R = B * PT
+    pos, ntok = np.asarray(pos, np.int64), np.asarray(ntok, np.int64)
+    rng = np.random.default_rng(seed)
+    qkv, qn, kn, kc0, vc0 = _inputs(rng, H, HKV, B, PT, pos, tmax, kscale)
+
+    qbuf, kc, vc, out = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx)
 
     rb = np.repeat(np.arange(B), PT)            # row -> sequence
     rt = np.tile(np.arange(PT), B)              # row -> chunk token
@@ -164,7 +205,9 @@ def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True):
                                                                 V[:, :n])))
     pad_zero = bool(np.all(out[~valid].astype(np.float32) == 0.0))
 
-    print(f"attn {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]}: "
+    nmax = int(min(prow[valid].max() + 1, tmax))
+    print(f"attn {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
+          f"splits<={ops.attn_splits(nmax)} gx={gx}: "
           f"q {e_q:.2e} k {e_k:.2e} attn {e_a:.2e}" + (f" e2e {e_e:.2e}" if e2e else ""))
     assert e_q < TOL_QK, f"q buffer: worst row rel err {e_q:.2e}"
     assert e_k < TOL_QK, f"written K: worst slot rel err {e_k:.2e}"
@@ -210,10 +253,12 @@ def test_attention_peaky_scores(cuda_ctx, geom, PT):
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
-def test_attention_long_context(cuda_ctx, geom):
-    """Decode at position 100000: one block streams 100001 slots per kv head."""
+@pytest.mark.parametrize("PT", [1, 4])
+def test_attention_long_context(cuda_ctx, geom, PT):
+    """Position 100000: 100001+ slots per kv head, the most splits (32) of a grown span."""
     pos = [100000, 77] if geom == "tiny" else [100000]
-    _run_case(geom, len(pos), 1, pos, [1] * len(pos), 100006, [len(pos), 5])
+    ntok = [1] * len(pos) if PT == 1 else [PT, 3][:len(pos)]
+    _run_case(geom, len(pos), PT, pos, ntok, 100006, [len(pos), PT, 5])
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
@@ -221,3 +266,77 @@ def test_attention_positions_past_tmax(cuda_ctx, geom):
     """RoPE at positions past sincosf's fast range (105615) up to 262143; Tmax = 64, so no
     slot may be written and attn reads the clamped window of 64 slots."""
     _run_case(geom, 3, 4, [105613, 200003, 262140], [4, 2, 3], 64, [3, 4, 11])
+
+
+# Context lengths n around the split boundaries: 1, SPLIT − 1, SPLIT, SPLIT + 1, several splits,
+# the most splits at the base span (32·SPLIT), the first grown span (32·SPLIT + 1: 17 splits of
+# 2·SPLIT), and a grown span with a short last split.
+EDGES = [1, SPLIT - 1, SPLIT, SPLIT + 1, 5 * SPLIT + 3, 32 * SPLIT, 32 * SPLIT + 1, 70 * SPLIT + 9]
+
+
+def test_split_rule():
+    """The split rule as documented: n only, spans of whole SPLITs, at most 32 splits, every split
+    non-empty, and attn_stride(tmax) bounds the splits of every n <= tmax."""
+    for n in list(range(1, 5000)) + [100001, 262144]:
+        span, ns = ops.attn_span(n), ops.attn_splits(n)
+        assert span % SPLIT == 0 and 1 <= ns <= ops.ATTN_MAX_SPLITS and (ns - 1) * span < n <= ns * span
+        assert (n > SPLIT) == (ns > 1)
+    for tmax in list(range(1, 3000, 7)) + [100006]:
+        assert max(ops.attn_splits(n) for n in range(1, tmax + 1)) == ops.attn_stride(tmax)
+    assert [ops.attn_splits(n) for n in EDGES] == [1, 1, 1, 2, 6, 32, 17, 24]
+
+
+@pytest.mark.parametrize("geom", list(GEOMS))
+@pytest.mark.parametrize("PT", [1, 4])
+@pytest.mark.parametrize("n", EDGES)
+def test_attention_split_edges(cuda_ctx, geom, PT, n):
+    """B = 1; the chunk's first row sees n slots (a PT = 4 chunk: n … n + 3, so the chunk
+    straddles the boundary at n = SPLIT − 1 and SPLIT)."""
+    _run_case(geom, 1, PT, [n - 1], [PT], n - 1 + PT + 5, [n, PT, 13])
+
+
+@pytest.mark.parametrize("geom", list(GEOMS))
+@pytest.mark.parametrize("B", [3, 17])
+@pytest.mark.parametrize("PT", [1, 4])
+@pytest.mark.parametrize("gx", [None, 1, 3])
+def test_attention_split_batches(cuda_ctx, geom, B, PT, gx):
+    """Every EDGES length in one batch (cyclically), PT = 4 with padding rows; grid.x from the
+    plan, 1 (each block loops over all its row's splits) and 3."""
+    pos = np.array([EDGES[b % len(EDGES)] - 1 for b in range(B)])
+    ntok = np.ones(B, np.int64) if PT == 1 else np.array([(4, 1, 3, 2)[b % 4] for b in range(B)])
+    _run_case(geom, B, PT, pos, ntok, int(pos.max()) + PT + 11, [B, PT, 17, gx or 0], gx=gx)
+
+
+@pytest.mark.parametrize("geom", list(GEOMS))
+@pytest.mark.parametrize("PT", [1, 4])
+@pytest.mark.parametrize("p", [0, SPLIT - 1, SPLIT, 1000, 32 * SPLIT, 4097])
+def test_attention_batch_invariance(cuda_ctx, geom, PT, p):
+    """One sequence (position p, a full chunk) at B = 1 and as sequence 2 of B = 5 (other
+    sequences around it, a larger Tmax, the plan's grid.x for each B, and grid.x = 1): the q
+    buffer and the output rows must be bitwise the same."""
+    H, HKV = GEOMS[geom]
+    rng = np.random.default_rng([p, PT, 23])
+    tmax1, tmax5 = p + PT + 3, 5000 + PT
+    qkv1, qn, kn, kc1, vc1 = _inputs(rng, H, HKV, 1, PT, [p], tmax1)
+    pos5 = np.array([3000, 17, p, 4321, 64])
+    ntok5 = np.array([PT, 1, PT, max(PT - 1, 1), PT])
+    qkv5, _, _, kc5, vc5 = _inputs(rng, H, HKV, 5, PT, pos5, tmax5)
+    qkv5[2 * PT:3 * PT] = qkv1
+    kc5[2, :, :p], vc5[2, :, :p] = kc1[0, :, :p], vc1[0, :, :p]
+
+    q1, kc, vc, o1 = _gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1)
+    runs = [_gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1, gx=1)[::3],
+            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5)[::3],
+            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5, gx=1)[::3]]
+    bits = lambda a: np.asarray(a).view(np.uint16)
+    assert np.all(np.isfinite(o1.astype(np.float32)))
+    for i, (q, o) in enumerate(runs):
+        rows = slice(0, PT) if i == 0 else slice(2 * PT, 3 * PT)
+        assert np.array_equal(bits(q[rows]), bits(q1)), f"run {i}: q buffer differs"
+        assert np.array_equal(bits(o[rows]), bits(o1)), f"run {i}: output differs"
+    # and the kernel's answer is right (the same check as everywhere else)
+    gate = ref.attn_split_qkv(qkv1, H, HKV, D)[1]
+    for t in range(PT):
+        n = min(p + t + 1, tmax1)
+        e = rel_err(o1[t], ref.gated_attention_row(q1[t], gate[t], kc[0, :, :n], vc[0, :, :n]))
+        assert e < TOL_ATTN, f"row {t}: rel err {e:.2e}"
