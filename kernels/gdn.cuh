@@ -11,8 +11,19 @@
 //   A_log   fp32 [HV],  dt_bias bf16 [HV],  norm_w fp32 [DV] (gated RMSNorm, plain w),  eps
 //   pos, ntok  int32 [B]      rows t >= ntok[b] are padding
 // In/out:
-//   ring    bf16 [B, KC, C]   KC = K-1; slot j holds raw m of the token whose position % KC == j
-//   state   fp32 [B, HV, DK, DV]   S[i, j], row i = key dim, column j = value dim
+//   ring    bf16 [B, RS, C]   RS >= K-1 ring slots (default K-1); slot j holds raw m of the token
+//                             whose position % RS == j. The last min(ntok, RS) rows are written.
+//   state   fp32 [B, SLOTS, HV, DK, DV]   S[i, j], row i = key dim, column j = value dim;
+//                             SLOTS = 1 (default): one state per sequence
+//   slot    int32 [B] or null  the slot holding sequence b's current state (null: slot 0)
+// Speculative decoding (the mtp lane, MODEL.md §8.3 rollback): RS = K-1+drafts keeps the raw m
+// of every position a rollback may resume from (a verify of drafts+1 tokens at p0 … p0+drafts
+// writes drafts+1 slots and keeps p0-2, p0-1; resuming at p0+n+1 reads p0+n-2 … p0+n, all of
+// which survive). EACH = 0: read slot[b], write the final state back into slot[b]. EACH = 1 (the
+// verify pass): read slot[b], write the state after token t into slot t for every t < ntok[b]
+// (SLOTS >= PT), so the next step starts from slot n (n drafts accepted). Each thread reads all
+// of its state elements into registers before it writes any, and writes exactly those elements
+// (in whichever slot), so writing into the slot it read is safe.
 //   ring_arrivals  int32 [B, HK]   scratch, all 0 before the first launch; every launch leaves it
 //                             0 again, so one buffer serves every GDN layer launched on a stream
 // Out:
@@ -55,7 +66,7 @@
 //           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
 //   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
 //           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
-//   dynamic smem = smem_bytes = 16·(K−1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 32·DV/NS) bytes,
+//   dynamic smem = smem_bytes = 16·RS·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 32·DV/NS) bytes,
 //           groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
 //           (DK = DV = 128, NS = 2: 10112 + 1816·PT bytes; PT = 1: 12 KB, 16: 39 KB, 64: 126 KB)
@@ -76,13 +87,14 @@ namespace q38 {
 
 // DK, DV: key / value head dims; HK, HV: key / value heads; K: conv width;
 // PT: rows per sequence (1 = decode); NS: column slices per v-head (parallelism at small B).
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS>
+template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1>
 struct GdnLaunch {
   static_assert(HV % HK == 0, "gdn: HV must be a multiple of HK");
   static_assert(K >= 2, "gdn: conv width K must be at least 2");
   static_assert(DK % 8 == 0, "gdn: DK must be a multiple of 8 (16-byte groups, 8 row groups)");
   static_assert(DV % NS == 0 && (DV / NS) % 8 == 0, "gdn: DV/NS must be a multiple of 8");
   static_assert(PT >= 1, "gdn: PT >= 1");
+  static_assert(RS >= K - 1, "gdn: the ring needs at least K-1 slots");
   static constexpr int ratio = HV / HK;                 // v-heads per key head
   static constexpr int cols = DV / NS;                  // state columns per block
   static constexpr int cgroups = cols / 4;              // float4 column groups
@@ -98,11 +110,12 @@ struct GdnLaunch {
   static constexpr int readers = ratio * NS;            // blocks that read one key head's q/k ring
   static constexpr int C = 2 * HK * DK + HV * DV;       // conv channels
   static constexpr int Cv = HV * DV;                    // output width
-  static constexpr int KC = K - 1;                      // ring slots
+  static constexpr int KC = K - 1;                      // conv window (previous positions read)
+  static constexpr int RSL = RS;                        // ring slots (position % RS)
   static constexpr int groups = 2 * DK / 8 + cols / 8;  // 8-channel conv groups per block
   // dynamic shared memory, in floats (every array a multiple of 4 floats: float4 access)
-  static constexpr int off_m = 0;                       // uint4 [KC][groups] raw m of the last KC tokens
-  static constexpr int off_q = off_m + 4 * KC * groups; // [PT][DK]  silu(conv) of κ's q
+  static constexpr int off_m = 0;                       // uint4 [RS][groups] raw m of the last RS tokens
+  static constexpr int off_q = off_m + 4 * RS * groups; // [PT][DK]  silu(conv) of κ's q
   static constexpr int off_k = off_q + PT * DK;         // [PT][DK]  ... of κ's k
   static constexpr int off_v = off_k + PT * DK;         // [PT][cols] v_j (bf16-exact)
   static constexpr int off_o = off_v + PT * cols;       // [PT][cols] o_j (bf16-exact)
@@ -125,7 +138,7 @@ namespace gdn_detail {
 // y -> dst[0..8). Each tap is its own 16-byte load (a row of this launch, a ring slot, or 0 for a
 // position < 0), so all of a block's (channel group, token) tasks have their loads in flight at once.
 // Returns the raw m of the current token (for the ring).
-template <int K, int C>
+template <int K, int C, int RS>
 __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, size_t row0,
                                        const bf16* __restrict__ conv_w, const bf16* ring_b, int p0,
                                        int t, int ch, float* dst) {
@@ -143,7 +156,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
       unpack_bf16x8(ldg16(mz + (row0 + tt) * (size_t)ld_mz + ch), x[j]);
     } else if (P >= 0) {
       // plain load, not ld.global.nc: the ring is written later in this kernel
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(ring_b + (size_t)(P % KC) * C + ch), x[j]);
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(ring_b + (size_t)(P % RS) * C + ch), x[j]);
     } else {
 #pragma unroll
       for (int c = 0; c < 8; ++c) x[j][c] = 0.f;
@@ -169,7 +182,8 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 //   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<...>::threads,
 //                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS>
+template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
+          int SLOTS = 1>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
@@ -178,11 +192,14 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
                                           const float* __restrict__ norm_w, float eps,
                                           bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
                                           float* __restrict__ state, const int* __restrict__ pos,
-                                          const int* __restrict__ ntok, bf16* __restrict__ out) {
-  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS>;
+                                          const int* __restrict__ ntok, bf16* __restrict__ out,
+                                          const int* __restrict__ slot = nullptr) {
+  static_assert(EACH == 0 || EACH == 1, "gdn: EACH is 0 or 1");
+  static_assert(SLOTS >= 1 && (EACH == 0 || SLOTS >= PT), "gdn: EACH = 1 needs a slot per row");
+  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
   constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
   constexpr int CGR = L::cgroups, RGR = L::rgroups, RW = L::rows;
-  constexpr int KC = L::KC, C = L::C, CV = L::Cv;
+  constexpr int C = L::C, CV = L::Cv;
   constexpr int GQ = DK / 8, GV = COLS / 8;  // 8-channel groups: per q (or k) head, per v slice
   constexpr int NG = L::groups;              // = 2·GQ + GV
 
@@ -209,7 +226,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   const int kh = h / R;
   const size_t row0 = (size_t)b * PT;
   const int c0 = s * COLS;  // this block's first column inside the head
-  const bf16* ring_b = ring + (size_t)b * KC * C;
+  const bf16* ring_b = ring + (size_t)b * RS * C;
 
   // 0. Issue this thread's state loads first: the state depends on no kernel of this step before
   // this one, so its latency overlaps the conv below (and, when the launch uses programmatic
@@ -219,7 +236,12 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // a warp reads 2 (DV/NS = 64) or 1 (DV/NS = 128) fully used 256/512-byte row segments per load.
   const int cg = tid % CGR, rg = tid / CGR;
   const bool act = rg < RGR;  // threads past cgroups·rgroups idle (small toy shapes only)
-  float* const Sp = state + ((size_t)(b * HV + h) * DK + (act ? rg : 0)) * DV + c0 + 4 * cg;
+  // State slot read (SLOTS = 1: the sequence's one state; else slot[b], a null slot meaning 0).
+  const int sb = SLOTS == 1 ? b : b * SLOTS + (slot != nullptr ? slot[b] : 0);
+  float* const Sp = state + ((size_t)(sb * HV + h) * DK + (act ? rg : 0)) * DV + c0 + 4 * cg;
+  // EACH = 1: slot t of this sequence receives the state after token t, at Sp + (t − slot)·HV·DK·DV
+  // (same thread, same elements as the ones it read, so overwriting the slot it read is safe).
+  const int sl = sb - b * SLOTS;
   float4 S[RW];
 #pragma unroll
   for (int i = 0; i < RW; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
@@ -232,7 +254,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
 
   // 1. conv + SiLU of κ's q and k channels and this block's v channels (reads the ring), one
   // task per (8-channel group, token), groups fastest (coalesced rows); the raw m of the last KC
-  // tokens is kept for the ring write; z of this block's columns is fetched alongside.
+  // tokens (RS of them) is kept for the ring write; z of this block's columns is fetched alongside.
   for (int idx = tid; idx < (NG + GV) * nt; idx += NT) {
     const int g = idx % (NG + GV), t = idx / (NG + GV);
     if (g >= NG) {  // z_j, 8 columns
@@ -253,8 +275,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     } else {
       ch = 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ), dst = sv + t * COLS + 8 * (g - 2 * GQ);
     }
-    const uint4 m = gdn_detail::conv8<K, C>(mz, ld_mz, row0, conv_w, ring_b, p0, t, ch, dst);
-    if (t >= nt - KC) sm_m[(t - nt + KC) * NG + g] = m;
+    const uint4 m = gdn_detail::conv8<K, C, RS>(mz, ld_mz, row0, conv_w, ring_b, p0, t, ch, dst);
+    if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
   }
   // Gates, fp32: g = −exp(A_log)·softplus(a + dt_bias), kept as the decay e^g; β = σ(b).
   for (int t = tid; t < nt; t += NT) {
@@ -352,8 +374,15 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
       op.w = fmaf(S[i].w, qq, op.w);
     }
     if (act) *reinterpret_cast<float4*>(red + RGR * COLS + rg * COLS + 4 * cg) = op;
+    if constexpr (EACH == 1) {
+      if (act) {
+        float* const St = Sp + (ptrdiff_t)(t - sl) * (HV * DK * DV);
+#pragma unroll
+        for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(St + (size_t)i * RGR * DV), S[i]);
+      }
+    }
   }
-  if (act) {
+  if (EACH == 0 && act) {
 #pragma unroll
     for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), S[i]);
   }
@@ -376,21 +405,21 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   else
     __syncthreads();
 
-  // Ring: the last min(nt, KC) tokens' raw m land in slot position % KC; the v channels are this
+  // Ring: the last min(nt, RS) tokens' raw m land in slot position % RS; the v channels are this
   // block's own, κ's q/k channels are written by the last of their readers (after all reads).
   const bool last = s_last;
   if (last && tid == 0) {
     __threadfence();
     ring_arrivals[b * HK + kh] = 0;
   }
-  for (int idx = tid; idx < NG * KC; idx += NT) {
-    const int g = idx % NG, t = nt - KC + idx / NG;
+  for (int idx = tid; idx < NG * RS; idx += NT) {
+    const int g = idx % NG, t = nt - RS + idx / NG;
     if (t < 0 || (g < 2 * GQ && !last)) continue;
     const int ch = g < GQ       ? kh * DK + 8 * g
                    : g < 2 * GQ ? HK * DK + kh * DK + 8 * (g - GQ)
                                 : 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ);
-    *reinterpret_cast<uint4*>(ring + ((size_t)b * KC + (p0 + t) % KC) * C + ch) =
-        sm_m[(t - nt + KC) * NG + g];
+    *reinterpret_cast<uint4*>(ring + ((size_t)b * RS + (p0 + t) % RS) * C + ch) =
+        sm_m[(t - nt + RS) * NG + g];
   }
 
   // Gated norm statistics: Σo² over the head's DV columns = the NS blocks of this v-head.
@@ -443,4 +472,20 @@ Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns4, 128, 128, 16, 48, 4, 1, 4)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt16_ns2, 128, 128, 16, 48, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt64_ns2, 128, 128, 16, 48, 4, 64, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)
+// mtp lane instances (RS = 3 + drafts, slot per verified token)
+#define Q38_GDN_SELFCHECK_MTP(name, DK, DV, HK, HV, K, PT, NS, RS, EACH, SLOTS)                   \
+  extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>::threads, \
+                                               q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>::min_blocks) \
+      __cluster_dims__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>::cluster, 1, 1)             \
+          name(const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off,     \
+               const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias,         \
+               const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals,          \
+               float* state, const int* pos, const int* ntok, q38::bf16* out, const int* slot) { \
+    q38::gdn_chunk<DK, DV, HK, HV, K, PT, NS, RS, EACH, SLOTS>(                                \
+        mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring, ring_arrivals,  \
+        state, pos, ntok, out, slot);                                                          \
+  }
+Q38_GDN_SELFCHECK_MTP(gdn_27b_verify_k1, 128, 128, 16, 48, 4, 2, 1, 4, 1, 2)
+Q38_GDN_SELFCHECK_MTP(gdn_27b_verify_k4, 128, 128, 16, 48, 4, 5, 1, 7, 1, 5)
+Q38_GDN_SELFCHECK_MTP(gdn_27b_pt16_mtp2, 128, 128, 16, 48, 4, 16, 1, 5, 0, 3)
 #endif

@@ -42,13 +42,16 @@ struct RmsnormLaunch {
   static constexpr int smem_bytes = 0;
 };
 
+// rmsnorm_1p_ld: the same with row strides (elements, multiples of 8): row r is read at
+// x + r·ldx and written at y + r·ldy (the mtp lane writes RMS1p(e) and RMS1p(h) into the two
+// halves of one [R, 2H] row for the fc GEMV). rmsnorm_1p is rmsnorm_1p_ld with ldx = ldy = H.
 template <int H, int NT>
-__device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict__ w, bf16* y,
-                                           float eps) {
+__device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16* __restrict__ w,
+                                              bf16* y, int ldy, float eps) {
   constexpr int V = RmsnormLaunch<H, NT>::chunks;
   __shared__ float scratch[NT / 32];
   const size_t row = blockIdx.x;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * H);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * ldx);
   uint4 xv[V];
   float ss = 0.f;
 #pragma unroll
@@ -63,7 +66,7 @@ __device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict
   }
   ss = block_sum<NT>(ss, scratch);
   const float r = rsqrtf(ss / (float)H + eps);
-  uint4* yr = reinterpret_cast<uint4*>(y + row * H);
+  uint4* yr = reinterpret_cast<uint4*>(y + row * ldy);
 #pragma unroll
   for (int c = 0; c < V; ++c) {
     const uint4 wv = ldg16(w + 8 * (threadIdx.x + c * NT));
@@ -81,6 +84,12 @@ __device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict
   }
 }
 
+template <int H, int NT>
+__device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict__ w, bf16* y,
+                                           float eps) {
+  rmsnorm_1p_ld<H, NT>(x, H, w, y, H, eps);
+}
+
 }  // namespace q38
 
 #ifdef Q38_RMSNORM_SELFCHECK
@@ -92,4 +101,8 @@ __device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict
 Q38_RMSNORM_SELFCHECK_ENTRY(rmsnorm_tiny, 512, q38::rmsnorm_threads(512))
 Q38_RMSNORM_SELFCHECK_ENTRY(rmsnorm_27b, 5120, q38::rmsnorm_threads(5120))
 Q38_RMSNORM_SELFCHECK_ENTRY(rmsnorm_27b_nt320, 5120, 320)
+extern "C" __global__ void __launch_bounds__(640)
+    rmsnorm_ld_27b(const q38::bf16* x, int ldx, const q38::bf16* w, q38::bf16* y, int ldy, float eps) {
+  q38::rmsnorm_1p_ld<5120, 640>(x, ldx, w, y, ldy, eps);
+}
 #endif

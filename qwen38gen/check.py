@@ -33,12 +33,14 @@ def build(cfg: ModelConfig, lanes: Lanes) -> tuple[str, dict]:
     return res.cubin, prog.manifest
 
 
-def default_tensors(cfg: ModelConfig, seed: int = G.SEED) -> dict:
+def default_tensors(cfg: ModelConfig, seed: int = G.SEED, mtp: bool = False) -> dict:
     """The embedded default's weights: seeded synthetic, as the int4 program and its oracle use
-    them (the runtime packs the float weights itself; the reference gets the dequantization)."""
+    them (the runtime packs the float weights itself; the reference gets the dequantization).
+    mtp: with the MTP layer's tensors (each tensor is seeded by its name, so the others are the
+    same either way)."""
     from .weights import synthetic_weights
 
-    return synthetic_weights(cfg, seed, mtp=False)
+    return synthetic_weights(cfg, seed, mtp=mtp)
 
 
 def run_batches(cfg, lanes, tensors, prompts, steps, tmax, forced=None, topk=True,

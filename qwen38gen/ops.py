@@ -88,9 +88,11 @@ class Plan:
         return e
 
 
-def fused_weights(cfg: ModelConfig) -> dict:
+def fused_weights(cfg: ModelConfig, mtp: bool = False) -> dict:
     """The int4 weights as the GEMVs read them: parts concatenated along rows, each part padded
-    to a multiple of 16 rows. name -> {"k", "rows", "parts": [[hf name, row offset, rows]]}."""
+    to a multiple of 16 rows. name -> {"k", "rows", "parts": [[hf name, row offset, rows]]}.
+    mtp: also the MTP layer's (M.fc over [embedding | hidden], K = 2H; M.in, M.out, M.gate_up,
+    M.down as a full-attention layer's)."""
     def fuse(parts: list[str]) -> dict:
         shapes = cfg.tensor_shapes()
         off, out = 0, []
@@ -117,6 +119,14 @@ def fused_weights(cfg: ModelConfig) -> dict:
         w[f"L{i}.gate_up"] = fuse([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         w[f"L{i}.down"] = fuse([p + "mlp.down_proj.weight"])
     w["lm_head"] = fuse(["lm_head.weight"])
+    if mtp:
+        p = "mtp.layers.0."
+        sa = p + "self_attn."
+        w["M.fc"] = fuse(["mtp.fc.weight"])
+        w["M.in"] = fuse([sa + "q_proj.weight", sa + "k_proj.weight", sa + "v_proj.weight"])
+        w["M.out"] = fuse([sa + "o_proj.weight"])
+        w["M.gate_up"] = fuse([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+        w["M.down"] = fuse([p + "mlp.down_proj.weight"])
     return w
 
 
@@ -134,40 +144,90 @@ def rmsnorm_entry(h: int) -> Entry:
                  asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
 
+def rmsnorm_ld_entry(h: int) -> Entry:
+    """RMS1p with row strides (the mtp lane's [RMS1p(e) | RMS1p(h)] rows)."""
+    nt = max(t for t in range(32, 1025, 32) if (h // 8) % t == 0)
+    return Entry(f"q38_rmsnormld_h{h}", f"q38::rmsnorm_1p_ld<{h}, {nt}>",
+                 ((BF, "x"), ("int", "ldx"), (BF, "w"), ("q38::bf16*", "y"), ("int", "ldy"),
+                  ("float", "eps")), nt,
+                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
+
+
+# kernels/speculative.cuh (the mtp lane's bookkeeping), 128 threads each, grid ceil(n / 128).
+SPEC_THREADS = 128
+
+
+def spec_accept_entry(kp: int) -> Entry:
+    return Entry(f"q38_spec_accept_k{kp - 1}", f"q38::spec_accept<{kp}>",
+                 (("int*", "vtok"), (I32, "a"), ("int*", "emit"), ("int*", "count"),
+                  ("int*", "slot"), ("int*", "ntok_m"), ("int", "B")), SPEC_THREADS,
+                 asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",))
+
+
+def spec_tokens_entry(pt: int) -> Entry:
+    return Entry(f"q38_spec_tokens_pt{pt}", f"q38::spec_tokens<{pt}>",
+                 ((I32, "mnext"), (I32, "next"), ("int*", "mtok"), ("int", "R")), SPEC_THREADS)
+
+
+def spec_pos_entry() -> Entry:
+    return Entry("q38_spec_pos", "q38::spec_pos",
+                 ((I32, "pos"), ("int", "off"), ("int*", "mpos"), ("int*", "one"), ("int", "B")),
+                 SPEC_THREADS)
+
+
+def spec_put_entry() -> Entry:
+    return Entry("q38_spec_put", "q38::spec_put",
+                 (("int*", "dst"), (I32, "src"), ("int", "j"), ("int", "stride"), ("int", "B")),
+                 SPEC_THREADS)
+
+
 # Column slices per v-head. One for every batch: NS changes how the gated norm's sum is formed,
 # and a fixed NS keeps a row's result bitwise the same at every B (the equivalence locks).
 GDN_NS = 1
 
 
-def gdn_launch(cfg: ModelConfig, pt: int) -> dict:
-    """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree)."""
+def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
+    """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree).
+    rs: conv ring slots (None: K − 1, the non-mtp ring)."""
     dk, dv, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                      cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim)
+    rs = k - 1 if rs is None else rs
     cols = dv // GDN_NS
     threads = cdiv((cols // 4) * 8, 32) * 32
     groups = 2 * dk // 8 + cols // 8
-    floats = 4 * (k - 1) * groups + pt * (2 * dk + 3 * cols) + 4 * 8 * cols + 6 * pt
+    floats = 4 * rs * groups + pt * (2 * dk + 3 * cols) + 4 * 8 * cols + 6 * pt
     return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
             "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS}
 
 
-def gdn_entry(cfg: ModelConfig, pt: int) -> Entry:
+def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
+              slots: int = 1) -> Entry:
+    """rs=None: the plain program's instance (ring K − 1, one state, no slot argument). Else the
+    mtp lane's: ring rs slots, `slots` states per sequence picked by a `slot` argument, and
+    each=1 writing the state after every token into its own slot (the verify pass)."""
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
-    L = gdn_launch(cfg, pt)
+    L = gdn_launch(cfg, pt, rs)
     targs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}, {GDN_NS}"
+    params = ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
+              (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"),
+              ("const float*", "norm_w"), ("float", "eps"), ("q38::bf16*", "ring"),
+              ("int*", "ring_arrivals"), ("float*", "state"), (I32, "pos"), (I32, "ntok"),
+              ("q38::bf16*", "out"))
+    name, call, ltargs = f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>", targs
+    if rs is not None:
+        ltargs = f"{targs}, {rs}"
+        name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
+        call = f"q38::gdn_chunk<{ltargs}, {each}, {slots}>"
+        params += ((I32, "slot"),)
     return Entry(
-        f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>",
-        ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
-         (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"), ("const float*", "norm_w"),
-         ("float", "eps"), ("q38::bf16*", "ring"), ("int*", "ring_arrivals"), ("float*", "state"),
-         (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "out")),
+        name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
-        asserts=(f"q38::GdnLaunch<{targs}>::threads == {L['threads']}",
-                 f"q38::GdnLaunch<{targs}>::smem_bytes == {L['smem']}",
-                 f"q38::GdnLaunch<{targs}>::cluster == {L['cluster']}",
-                 f"q38::GdnLaunch<{targs}>::min_blocks == {L['min_blocks']}"))
+        asserts=(f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
+                 f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
+                 f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
+                 f"q38::GdnLaunch<{ltargs}>::min_blocks == {L['min_blocks']}"))
 
 
 def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
@@ -182,57 +242,14 @@ def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
                       f"q38::AttnPrepLaunch<{targs}>::grid_y == {cdiv(h + 2 * hkv, 8)}"))
 
 
-# Split-K attention (kernels/attention.cuh, AttnLaunch): a row with n cached slots is cut into
-# attn_splits(n) splits of attn_span(n) slots; both depend on n only (never on B or the grid), so
-# a row's output is bitwise the same at every batch size.
-ATTN_SPLIT = 64         # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
-ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
-ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H200
-
-
-def attn_span(n: int) -> int:
-    return ATTN_SPLIT * cdiv(cdiv(n, ATTN_SPLIT), ATTN_MAX_SPLITS)
-
-
-def attn_splits(n: int) -> int:
-    return cdiv(n, attn_span(n))
-
-
-def attn_stride(tmax: int) -> int:
-    """Partials per (row, kv head) in attn_part: the most splits of any n <= tmax."""
-    return min(ATTN_MAX_SPLITS, cdiv(tmax, ATTN_SPLIT))
-
-
-def attn_part_floats(cfg: ModelConfig) -> int:
-    """fp32 per partial: o[G][D], m[G], l[G], padded to 16 bytes."""
-    g = cfg.num_attention_heads // cfg.num_key_value_heads
-    return g * cfg.head_dim + cdiv(2 * g, 4) * 4
-
-
-def attn_grid_x(blocks: int) -> int:
-    """grid.x of attn for B*HKV*PT (row, kv head) pairs: blocks loop over the splits of their
-    row, so this only spreads the work (it changes no bit of the result)."""
-    return max(1, min(ATTN_MAX_SPLITS, ATTN_BLOCKS // blocks))
-
-
-def resolve_shape(shape: list, tmax: int) -> list[int]:
-    """A buffer shape with its run-time entries replaced: "Tmax" -> tmax, "Tsplits" ->
-    attn_stride(tmax)."""
-    return [tmax if d == "Tmax" else attn_stride(tmax) if d == "Tsplits" else d for d in shape]
-
-
 def attn_entry(cfg: ModelConfig, pt: int) -> Entry:
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     targs = f"{d}, {h}, {hkv}, {pt}"
-    A = f"q38::AttnLaunch<{targs}>"
     return Entry(
         f"q38_attn_pt{pt}", f"q38::attn<{targs}>",
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
-         (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
-         ("q38::bf16*", "o")),
-        256, asserts=(f"{A}::threads == 256", f"{A}::split == {ATTN_SPLIT}",
-                      f"{A}::max_splits == {ATTN_MAX_SPLITS}",
-                      f"{A}::part_floats == {attn_part_floats(cfg)}"))
+         (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "o")),
+        256, asserts=(f"q38::AttnLaunch<{targs}>::threads == 256",))
 
 
 def embed_entry(h: int) -> Entry:
@@ -275,6 +292,7 @@ def advance_entry() -> Entry:
 # ------------------------------------------------------------------------------------ program
 HEADERS = ["common.cuh", "gemv_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
            "elementwise.cuh", "rows.cuh"]
+MTP_HEADERS = ["speculative.cuh"]
 
 # Tensors uploaded as they are (not int4), with the dtype the kernels read them in.
 RAW_DTYPES = {"A_log": "float32", "linear_attn.norm.weight": "float32"}
@@ -292,17 +310,24 @@ def buf(name: str, off: int = 0, per_tmax: int = 0) -> list:
 
 
 def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
-    """Entries, buffers, weights and the decode / prefill schedules for cfg at these lanes."""
+    """Entries, buffers, weights and the decode / prefill schedules for cfg at these lanes
+    (and, for lanes.mtp = K > 0, the mtp lane's prefill and verify schedules, see mtp below)."""
     B, btg = lanes.batch, lanes.btg
+    K = lanes.mtp
+    KP = K + 1                      # verify rows per sequence
     H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
-    plan = Plan(headers=list(HEADERS))
-    plan.weights = fused_weights(cfg)
+    plan = Plan(headers=list(HEADERS) + (MTP_HEADERS if K else []))
+    plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
-    pts = sorted({1, lanes.pt})
+    pts = sorted({1, lanes.pt} | ({KP} if K else set()))
     rmax = B * max(pts)
+    KC = cfg.linear_conv_kernel_dim - 1
+    # mtp: conv ring by position with K extra slots, K + 1 recurrent-state slots (gdn.cuh)
+    RS, SLOTS = (KC + K, KP) if K else (KC, 1)
+    dkv = cfg.linear_key_head_dim * cfg.linear_value_head_dim
     plan.constants = [("Q38_BATCH", B), ("Q38_BTG", btg), ("Q38_PT", lanes.pt),
                       ("Q38_MTP", lanes.mtp)]
     ba_off = pad16(hv)
@@ -329,21 +354,38 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         "nextval": {"dtype": "float32", "shape": [B]},
         # Arrival counters of the GDN conv-ring write; every launch leaves them at zero.
         "ring_arrivals": {"dtype": "int32", "shape": [B, cfg.linear_num_key_heads]},
-        # attn split-K scratch, shared by every attention layer: per (row, kv head) up to
-        # "Tsplits" = attn_stride(Tmax) fp32 partials, and an arrival counter that every launch
-        # leaves at zero (all buffers are allocated zeroed).
-        "attn_part": {"dtype": "float32", "shape": [rmax, Hkv, "Tsplits", attn_part_floats(cfg)]},
-        "attn_arrivals": {"dtype": "int32", "shape": [rmax, Hkv]},
         "conv": {"dtype": "bfloat16", "state": True,
-                 "shape": [len(cfg.linear_layers), B, cfg.linear_conv_kernel_dim - 1, C]},
+                 "shape": [len(cfg.linear_layers), B, RS, C]},
         "rec": {"dtype": "float32", "state": True,
-                "shape": [len(cfg.linear_layers), B, hv, cfg.linear_key_head_dim,
-                          cfg.linear_value_head_dim]},
+                "shape": [len(cfg.linear_layers), B] + ([SLOTS] if K else []) +
+                         [hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim]},
         # Tmax is chosen at run time: shape entry "Tmax" is replaced by it.
         "kc": {"dtype": "bfloat16", "state": True, "shape": [len(cfg.full_layers), B, Hkv, "Tmax", D]},
         "vc": {"dtype": "bfloat16", "state": True, "shape": [len(cfg.full_layers), B, Hkv, "Tmax", D]},
     }
-    raw = [n for n, s in cfg.tensor_shapes(mtp=False).items() if not cfg.is_int4(n, s)]
+    if K:
+        plan.buffers["logits"]["shape"] = [B * KP, V]
+        plan.buffers.update({
+            "vtok": {"dtype": "int32", "shape": [B * KP]},      # verify rows [x, d1 … dK]
+            "vnext": {"dtype": "int32", "shape": [B * KP]},     # a_j, argmax of verify row j
+            "vnextval": {"dtype": "float32", "shape": [B * KP]},
+            "emit": {"dtype": "int32", "shape": [B, KP]},       # a_0 … a_n, then −1
+            "count": {"dtype": "int32", "shape": [B]},          # n + 1
+            "slot": {"dtype": "int32", "state": True, "shape": [B]},
+            "ntok_m": {"dtype": "int32", "shape": [B]},
+            "mnext": {"dtype": "int32", "shape": [B * lanes.pt]},
+            "mtok": {"dtype": "int32", "shape": [B * lanes.pt]},
+            "mcat": {"dtype": "bfloat16", "shape": [rmax, 2 * H]},
+            "mh": {"dtype": "bfloat16", "shape": [B, H]},
+            "mlogits": {"dtype": "bfloat16", "shape": [B, V]},
+            "dnext": {"dtype": "int32", "shape": [B]},
+            "dval": {"dtype": "float32", "shape": [B]},
+            "mpos": {"dtype": "int32", "shape": [B]},
+            "one": {"dtype": "int32", "shape": [B]},
+            "mkc": {"dtype": "bfloat16", "state": True, "shape": [B, Hkv, "Tmax", D]},
+            "mvc": {"dtype": "bfloat16", "state": True, "shape": [B, Hkv, "Tmax", D]},
+        })
+    raw = [n for n, s in cfg.tensor_shapes(mtp=bool(K)).items() if not cfg.is_int4(n, s)]
     plan.tensors = {n: raw_dtype(n) for n in raw}
 
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
@@ -355,12 +397,29 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                 "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
                          ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
 
-    def step(pt: int) -> list[dict]:
+    def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
+                  pos: str = "pos") -> list[dict]:
+        """attn_prep + attn of one gated-attention layer over proj (q|k|v), into o."""
+        ap = plan.entry(attn_prep_entry(cfg, pt))
+        at = plan.entry(attn_entry(cfg, pt))
+        return [{"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
+                 "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
+                          ["t", sa + "k_norm.weight"], ["f32", eps],
+                          ["f32", cfg.rope_theta], buf(pos), buf(ntok), buf("qbuf"),
+                          kc, vc, ["tmax"]]},
+                {"k": at.name, "grid": [B * Hkv, pt, 1],
+                 "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kc, vc,
+                          ["tmax"], buf(pos), buf(ntok), buf("o")]}]
+
+    def step(pt: int, tokens: str = "tokens", verify: bool = False,
+             advance: bool = True) -> list[dict]:
+        """The target over pt rows per sequence. verify: lm_head and argmax over every row
+        (into vnext), the GDN writing a state slot per row."""
         R = B * pt
         s: list[dict] = []
         e = plan.entry(embed_entry(H))
         s.append({"k": e.name, "grid": [R, 1, 1],
-                  "args": [["t", "model.language_model.embed_tokens.weight"], buf("tokens"),
+                  "args": [["t", "model.language_model.embed_tokens.weight"], buf(tokens),
                            buf("x")]})
         norm = plan.entry(rmsnorm_entry(H))
         for i in range(cfg.num_hidden_layers):
@@ -371,32 +430,26 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             s.append(gemv(f"L{i}.in", "h", "proj", n_in, R, 0))
             if i in lg:
                 la_ = p + "linear_attn."
-                g = plan.entry(gdn_entry(cfg, pt))
-                L = gdn_launch(cfg, pt)
+                if K:
+                    g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS))
+                    L = gdn_launch(cfg, pt, RS)
+                else:
+                    g = plan.entry(gdn_entry(cfg, pt))
+                    L = gdn_launch(cfg, pt)
                 s.append({"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                           "args": [buf("proj"), ["i32", n_in], buf("proj", C + Cv), ["i32", n_in],
                                    ["i32", ba_off], ["t", la_ + "conv1d.weight"],
                                    ["t", la_ + "A_log"], ["t", la_ + "dt_bias"],
                                    ["t", la_ + "norm.weight"], ["f32", eps],
-                                   buf("conv", lg[i] * B * (cfg.linear_conv_kernel_dim - 1) * C),
+                                   buf("conv", lg[i] * B * RS * C),
                                    buf("ring_arrivals"),
-                                   buf("rec", lg[i] * B * hv * cfg.linear_key_head_dim
-                                       * cfg.linear_value_head_dim),
-                                   buf("pos"), buf("ntok"), buf("o")]})
+                                   buf("rec", lg[i] * B * SLOTS * hv * dkv),
+                                   buf("pos"), buf("ntok"), buf("o")]
+                          + ([buf("slot")] if K else [])})
             else:
                 sa = p + "self_attn."
-                ap = plan.entry(attn_prep_entry(cfg, pt))
-                at = plan.entry(attn_entry(cfg, pt))
-                kv = lambda name: buf(name, 0, la[i] * kv_layer)
-                s.append({"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
-                          "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
-                                   ["t", sa + "k_norm.weight"], ["f32", eps],
-                                   ["f32", cfg.rope_theta], buf("pos"), buf("ntok"), buf("qbuf"),
-                                   kv("kc"), kv("vc"), ["tmax"]]})
-                s.append({"k": at.name, "grid": [attn_grid_x(B * Hkv * pt), B * Hkv, pt],
-                          "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kv("kc"), kv("vc"),
-                                   ["tmax"], buf("pos"), buf("ntok"), buf("attn_part"),
-                                   buf("attn_arrivals"), buf("o")]})
+                s += attention(pt, R, sa, buf("kc", 0, la[i] * kv_layer),
+                               buf("vc", 0, la[i] * kv_layer))
             # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention.
             s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
             s.append({"k": norm.name, "grid": [R, 1, 1],
@@ -410,24 +463,122 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         s.append({"k": norm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "model.language_model.norm.weight"], buf("h"),
                            ["f32", eps]]})
-        src = "h"
-        if pt > 1:
-            gl = plan.entry(gather_last_entry(H, pt))
-            s.append({"k": gl.name, "grid": [B, 1, 1],
-                      "args": [buf("h"), buf("ntok"), buf("hlast")]})
-            src = "hlast"
-        s.append(gemv("lm_head", src, "logits", V, B, 0))
         am = plan.entry(argmax_entry(V))
-        s.append({"k": am.name, "grid": [B, 1, 1],
-                  "args": [buf("logits"), buf("next"), buf("nextval")]})
+        if verify:
+            s.append(gemv("lm_head", "h", "logits", V, R, 0))
+            s.append({"k": am.name, "grid": [R, 1, 1],
+                      "args": [buf("logits"), buf("vnext"), buf("vnextval")]})
+        else:
+            src = "h"
+            if pt > 1:
+                gl = plan.entry(gather_last_entry(H, pt))
+                s.append({"k": gl.name, "grid": [B, 1, 1],
+                          "args": [buf("h"), buf("ntok"), buf("hlast")]})
+                src = "hlast"
+            s.append(gemv("lm_head", src, "logits", V, B, 0))
+            s.append({"k": am.name, "grid": [B, 1, 1],
+                      "args": [buf("logits"), buf("next"), buf("nextval")]})
+        if advance:
+            s.append(advance_step("ntok"))
+        return s
+
+    def advance_step(ntok: str) -> dict:
         adv = plan.entry(advance_entry())
-        s.append({"k": adv.name, "grid": [cdiv(B, 128), 1, 1],
-                  "args": [buf("pos"), buf("ntok"), ["i32", B]]})
+        return {"k": adv.name, "grid": [cdiv(B, 128), 1, 1],
+                "args": [buf("pos"), buf(ntok), ["i32", B]]}
+
+    # ---------------------------------------------------------------- mtp (MODEL.md §8)
+    def mtp_layer(pt: int, R: int, ntok: str, pos: str, hid: str, out: str,
+                  gather: bool) -> list[dict]:
+        """MTP rows (§8.1) over R = B·pt rows: token embeddings in x, hiddens in `hid`;
+        h' into `out` (gather: of row ntok[b] − 1 of each sequence, else every row), then the
+        shared lm_head, argmax into dnext and the draft into its verify row (by the caller)."""
+        mp = "mtp.layers.0."
+        nld = plan.entry(rmsnorm_ld_entry(H))
+        norm = plan.entry(rmsnorm_entry(H))
+        s = [{"k": nld.name, "grid": [R, 1, 1],
+              "args": [buf("x"), ["i32", H], ["t", "mtp.pre_fc_norm_embedding.weight"],
+                       buf("mcat"), ["i32", 2 * H], ["f32", eps]]},
+             {"k": nld.name, "grid": [R, 1, 1],
+              "args": [buf(hid), ["i32", H], ["t", "mtp.pre_fc_norm_hidden.weight"],
+                       buf("mcat", H), ["i32", 2 * H], ["f32", eps]]},
+             gemv("M.fc", "mcat", "x", H, R, 0),
+             {"k": norm.name, "grid": [R, 1, 1],
+              "args": [buf("x"), ["t", mp + "input_layernorm.weight"], buf("h"), ["f32", eps]]},
+             gemv("M.in", "h", "proj", n_in, R, 0)]
+        s += attention(pt, R, mp + "self_attn.", buf("mkc"), buf("mvc"), ntok=ntok, pos=pos)
+        s.append(gemv("M.out", "o", "x", H, R, 1, ldx=cfg.q_dim))
+        s.append({"k": norm.name, "grid": [R, 1, 1],
+                  "args": [buf("x"), ["t", mp + "post_attention_layernorm.weight"], buf("h"),
+                           ["f32", eps]]})
+        s.append(gemv("M.gate_up", "h", "gu", 2 * F, R, 0))
+        sw = plan.entry(swiglu_entry(F))
+        s.append({"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
+                  "args": [buf("gu"), buf("act")]})
+        s.append(gemv("M.down", "act", "x", H, R, 1))
+        s.append({"k": norm.name, "grid": [R, 1, 1],
+                  "args": [buf("x"), ["t", "mtp.norm.weight"], buf(out if not gather else "h"),
+                           ["f32", eps]]})
+        if gather:
+            gl = plan.entry(gather_last_entry(H, pt))
+            s.append({"k": gl.name, "grid": [B, 1, 1], "args": [buf("h"), buf(ntok), buf(out)]})
+        am = plan.entry(argmax_entry(V))
+        s.append(gemv("lm_head", out, "mlogits", V, B, 0))
+        s.append({"k": am.name, "grid": [B, 1, 1],
+                  "args": [buf("mlogits"), buf("dnext"), buf("dval")]})
+        return s
+
+    def put_row(src: str, j: int) -> dict:
+        e = plan.entry(spec_put_entry())
+        return {"k": e.name, "grid": [cdiv(B, SPEC_THREADS), 1, 1],
+                "args": [buf("vtok"), buf(src), ["i32", j], ["i32", KP], ["i32", B]]}
+
+    def mtp_pass(pt: int, tok: str, ntok: str) -> list[dict]:
+        """§8.2 step 1: MTP rows over the pass just run (row t: token `tok`[t], the target's
+        post-norm hidden of row t in h, position pos[b] + t, ntok[b] rows real) → d1; then
+        pos += ntok and §8.2 step 2, the K − 1 one-row draft steps → d2 … dK, each written into
+        its verify row."""
+        R = B * pt
+        e = plan.entry(embed_entry(H))
+        s = [{"k": e.name, "grid": [R, 1, 1],
+              "args": [["t", "model.language_model.embed_tokens.weight"], buf(tok), buf("x")]}]
+        s += mtp_layer(pt, R, ntok, "pos", "h", "mh", gather=True)
+        s.append(put_row("dnext", 1))
+        s.append(advance_step(ntok))
+        for j in range(2, K + 1):      # row (d_{j−1}, h' of the previous row, position t + j − 1)
+            sp = plan.entry(spec_pos_entry())
+            s.append({"k": sp.name, "grid": [cdiv(B, SPEC_THREADS), 1, 1],
+                      "args": [buf("pos"), ["i32", j - 2], buf("mpos"), buf("one"),
+                               ["i32", B]]})
+            s.append({"k": e.name, "grid": [B, 1, 1],
+                      "args": [["t", "model.language_model.embed_tokens.weight"], buf("dnext"),
+                               buf("x")]})
+            s += mtp_layer(1, B, "one", "mpos", "mh", "mh", gather=False)
+            s.append(put_row("dnext", j))
         return s
 
     plan.schedule = {"decode": step(1)}
     plan.schedule["prefill"] = step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
     plan.schedule["prefill_pt"] = lanes.pt
+    if K:
+        # prefill chunk + MTP rows over it (fills the MTP cache; after a prompt's last chunk its
+        # verify rows are [next, d1 … dK]); verify [x, d1 … dK] + accept + MTP rows over the
+        # accepted rows + drafts for the next verify.
+        tk_ = plan.entry(spec_tokens_entry(lanes.pt))
+        plan.schedule["prefill"] = (
+            step(lanes.pt, advance=False)
+            + [{"k": tk_.name, "grid": [cdiv(B * lanes.pt, SPEC_THREADS), 1, 1],
+                "args": [buf("mnext"), buf("next"), buf("mtok"), ["i32", B * lanes.pt]]},
+               put_row("next", 0)]
+            + mtp_pass(lanes.pt, "mtok", "ntok"))
+        ac = plan.entry(spec_accept_entry(KP))
+        plan.schedule["verify"] = (
+            step(KP, tokens="vtok", verify=True, advance=False)
+            + [{"k": ac.name, "grid": [cdiv(B, SPEC_THREADS), 1, 1],
+                "args": [buf("vtok"), buf("vnext"), buf("emit"), buf("count"), buf("slot"),
+                         buf("ntok_m"), ["i32", B]]}]
+            + mtp_pass(KP, "vnext", "ntok_m"))
+        plan.schedule["verify_rows"] = KP
     tk = plan.entry(topk_entry(V))
     # Optional, after a step: the top-k logits of each sequence's sampled row.
     plan.schedule["topk"] = [{"k": tk.name, "grid": [B, 1, 1],

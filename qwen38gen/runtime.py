@@ -16,7 +16,6 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import UserError
-from .ops import resolve_shape
 from .weights import BF16
 
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
@@ -102,19 +101,22 @@ def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
     return q, s
 
 
-def pack_weights(cfg: ModelConfig, tensors: dict) -> dict:
+def pack_weights(cfg: ModelConfig, tensors: dict, mtp: bool = False) -> dict:
     """HF-named tensors -> {int4 name: (qweight, scales)} ∪ {other name: array}.
 
     Accepts float/bf16 arrays (quantized here) or `quantize.QuantizedTensor`s (used as they are).
+    mtp: the MTP layer's tensors (``mtp.*``) too, which an mtp-lane program needs.
     """
     from .quantize import QuantizedTensor
     from .weights import quantize_pack
 
-    shapes = cfg.tensor_shapes(mtp=False)
+    shapes = cfg.tensor_shapes(mtp=mtp)
     out = {}
     for n, shape in shapes.items():
         if n not in tensors:
-            raise UserError(f"weights are missing tensor {n!r}")
+            raise UserError(f"weights are missing tensor {n!r}"
+                            + ("; an mtp-lane program needs the MTP layer's mtp.* tensors"
+                               if n.startswith("mtp.") else ""))
         v = tensors[n]
         if cfg.is_int4(n, shape):
             if isinstance(v, QuantizedTensor):
@@ -167,6 +169,7 @@ class Runtime:
             raise UserError(f"max context {tmax} must be in 1..{cfg.max_position_embeddings}")
         self.B = manifest["lanes"]["batch"]
         self.pt = manifest["schedule"]["prefill_pt"]
+        self.mtp = int(manifest["lanes"].get("mtp", 0))
         self.ctx = drv.Device(0).make_context()
         try:
             self.stream = drv.Stream()
@@ -181,11 +184,12 @@ class Runtime:
                 self._fill = _fill_module()
                 self._alloc_filled(tensors.seed)
             else:
-                self._alloc(pack_weights(cfg, tensors))
+                self._alloc(pack_weights(cfg, tensors, mtp=self.mtp))
             self._alloc_buffers()
             self.graphs = _Graphs()
-            self.launches = {ph: self._resolve(manifest["schedule"][ph])
-                             for ph in ("decode", "prefill", "topk")}
+            self.launches = {ph: self._resolve(sched)
+                             for ph, sched in manifest["schedule"].items()
+                             if isinstance(sched, list)}   # decode, prefill, topk (, verify)
             self.exe = {}
         except drv.MemoryError as e:
             self.close()
@@ -233,7 +237,7 @@ class Runtime:
             for part, g in (("qweight", q), ("scales", sc)):
                 self.mem[("w", name, part)] = g
                 self.ptr[("w", name, part)] = int(g)
-        shapes = self.cfg.tensor_shapes(mtp=False)
+        shapes = self.cfg.tensor_shapes(mtp=self.mtp > 0)
         for i, (name, dt) in enumerate(sorted(man["tensors"].items())):
             n = int(np.prod(shapes[name]))
             g = drv.mem_alloc(n * DT[dt].itemsize)
@@ -248,7 +252,7 @@ class Runtime:
         drv, man = self.drv, self.manifest
         self.bufs = {}
         for name, spec in man["buffers"].items():
-            shape = resolve_shape(spec["shape"], self.tmax)
+            shape = [self.tmax if d == "Tmax" else d for d in spec["shape"]]
             dt = DT[spec["dtype"]]
             nbytes = int(np.prod(shape)) * dt.itemsize
             g = drv.mem_alloc(max(nbytes, 16))

@@ -8,9 +8,10 @@ reference computes.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from qwen38gen.ops import attn_part_floats, attn_stride, resolve_shape
 from qwen38gen.runtime import fused_arrays, pack_weights
 from qwen38gen.weights import dequantize
 from tests.gpu import ref_ops as R
@@ -19,7 +20,7 @@ from tests.gpu import ref_ops as R
 class Emu:
     def __init__(self, man: dict, cfg, tensors: dict, tmax: int):
         self.man, self.cfg, self.tmax = man, cfg, tmax
-        packed = pack_weights(cfg, tensors)
+        packed = pack_weights(cfg, tensors, mtp=bool(man["lanes"]["mtp"]))
         self.W = {}
         for name, spec in man["weights"].items():
             q, s = fused_arrays(spec, packed)
@@ -27,10 +28,30 @@ class Emu:
         self.T = {n: np.asarray(packed[n], dtype=np.float64) for n in man["tensors"]}
         self.buf = {}
         for n, spec in man["buffers"].items():
-            shape = resolve_shape(spec["shape"], tmax)
+            shape = [tmax if d == "Tmax" else d for d in spec["shape"]]
             dt = np.int64 if spec["dtype"] == "int32" else np.float64
             self.buf[n] = np.zeros(int(np.prod(shape)), dt)
         self.B = man["lanes"]["batch"]
+
+    # -- the executor interface of qwen38gen.spec_runtime (as qwen38gen.runtime.Runtime's)
+    def _shape(self, name):
+        return [self.tmax if d == "Tmax" else d for d in self.man["buffers"][name]["shape"]]
+
+    def put(self, name: str, arr):
+        a = np.asarray(arr).reshape(-1)
+        assert a.size <= self.buf[name].size, name
+        self.buf[name][:a.size] = a
+
+    def get(self, name: str) -> np.ndarray:
+        return self.buf[name].reshape(self._shape(name)).copy()
+
+    def reset(self):
+        for n, spec in self.man["buffers"].items():
+            if spec.get("state") or n == "pos":
+                self.buf[n][:] = 0
+
+    def run_phase(self, phase: str):
+        self.run(phase)
 
     def view(self, arg, shape):
         """A flat view of a buffer at the argument's element offset, reshaped."""
@@ -40,14 +61,13 @@ class Emu:
         return self.buf[name][o:o + n].reshape(shape)
 
     def run(self, phase: str):
-        pt = self.man["schedule"]["prefill_pt"] if phase == "prefill" else 1
         for L in self.man["schedule"][phase]:
-            getattr(self, "k_" + L["k"].split("_")[1])(L, pt)
+            getattr(self, "k_" + L["k"].split("_")[1])(L, _pt_of(L))
 
     # -- one method per kernel family, named by the entry's second word
     def k_embed(self, L, pt):
         E = self.T[L["args"][0][1]]
-        R_ = self.B * pt
+        R_ = L["grid"][0]
         tok = self.view(L["args"][1], (R_,))
         self.view(L["args"][2], (R_, E.shape[1]))[:] = E[tok]
 
@@ -57,6 +77,16 @@ class Emu:
         x = self.view(L["args"][0], (R_, H))
         self.view(L["args"][2], (R_, H))[:] = R.rms1p(x, w, L["args"][3][1])
 
+    def k_rmsnormld(self, L, pt):
+        a = L["args"]
+        w = self.T[a[2][1]]
+        R_, H = L["grid"][0], w.shape[0]
+        ldx, ldy = a[1][1], a[4][1]
+        for r in range(R_):
+            x = self.view(["buf", a[0][1], a[0][2] + r * ldx, a[0][3]], (1, H))
+            self.view(["buf", a[3][1], a[3][2] + r * ldy, a[3][3]], (1, H))[:] = \
+                R.rms1p(x, w, a[5][1])
+
     def k_gemv(self, L, pt):
         a = L["args"]
         W = self.W[a[0][1]]
@@ -65,7 +95,7 @@ class Emu:
         x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
         y = self.view(a[4], (R_, ldy))
         out = x @ W[:N].T
-        if L["k"].endswith("_e1"):
+        if re.search(r"_e(\d+)", L["k"]).group(1) == "1":   # epilogue: add to y
             y[:, :N] += out
         else:
             y[:, :N] = out
@@ -85,15 +115,26 @@ class Emu:
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]
-        ring = self.view(a[10], (B, c.linear_conv_kernel_dim - 1, C))
-        st = self.view(a[12], (B, hv, c.linear_key_head_dim, c.linear_value_head_dim))
+        m = re.fullmatch(r"q38_gdn_pt\d+(?:_rs(\d+)_s(\d+)_e(\d))?", L["k"])
+        rs = int(m.group(1)) if m.group(1) else c.linear_conv_kernel_dim - 1
+        slots, each = (int(m.group(2)), int(m.group(3))) if m.group(1) else (1, 0)
+        dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+        ring = self.view(a[10], (B, rs, C))
+        st_all = self.view(a[12], (B, slots, hv, dk, dv))
+        slot = self.view(a[16], (B,)) if m.group(1) else np.zeros(B, np.int64)
+        st = st_all[np.arange(B), slot]
         pos = self.view(a[13], (B,))
         ntok = self.view(a[14], (B,))
-        out, ring2, st2 = R.gdn_chunk(
+        out, ring2, st2, per = R.gdn_chunk(
             mz, ba, a[4][1], self.T[a[5][1]][:, 0, :], self.T[a[6][1]], self.T[a[7][1]],
             self.T[a[8][1]], a[9][1], ring, st, pos, ntok, hk=c.linear_num_key_heads, hv=hv,
-            dk=c.linear_key_head_dim, dv=c.linear_value_head_dim, pt=pt)
-        ring[:], st[:] = ring2, st2
+            dk=dk, dv=dv, pt=pt, per_token=True)
+        ring[:] = ring2
+        for b in range(B):
+            if each:
+                st_all[b, :ntok[b]] = per[b, :ntok[b]]
+            else:
+                st_all[b, slot[b]] = st2[b]
         self.view(a[15], (R_, Cv))[:] = out
 
     def k_attn(self, L, pt):
@@ -121,11 +162,7 @@ class Emu:
         kc = self.view(a[3], (B, HKV, self.tmax, D))
         vc = self.view(a[4], (B, HKV, self.tmax, D))
         pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
-        # split-K scratch: the partials of every (row, kv head) fit; the counters are all zero
-        # before and after (the kernel's merger resets them)
-        self.view(a[8], (R_, HKV, attn_stride(self.tmax), attn_part_floats(c)))
-        assert not self.view(a[9], (R_, HKV)).any()
-        o = self.view(a[10], (R_, H * D))
+        o = self.view(a[8], (R_, H * D))
         for r in range(R_):
             b, t = divmod(r, pt)
             if t >= ntok[b]:
@@ -143,13 +180,52 @@ class Emu:
             y[b] = x[b * pt + max(ntok[b] - 1, 0)]
 
     def k_argmax(self, L, pt):
-        lg = self.view(L["args"][0], (self.B, self.cfg.vocab_size))
+        R_ = L["grid"][0]
+        lg = self.view(L["args"][0], (R_, self.cfg.vocab_size))
         i, v = R.argmax_rows(lg)
-        self.view(L["args"][1], (self.B,))[:] = i
-        self.view(L["args"][2], (self.B,))[:] = v
+        self.view(L["args"][1], (R_,))[:] = i
+        self.view(L["args"][2], (R_,))[:] = v
 
     def k_advance(self, L, pt):
         self.view(L["args"][0], (self.B,))[:] += self.view(L["args"][1], (self.B,))
 
     def k_topk(self, L, pt):
         pass
+
+    def k_spec(self, L, pt):
+        """kernels/speculative.cuh."""
+        a, B, kind = L["args"], self.B, L["k"].split("_")[2]
+        if kind == "accept":
+            kp = int(L["k"].rsplit("_k", 1)[1]) + 1
+            vtok = self.view(a[0], (B, kp))
+            am = self.view(a[1], (B, kp))
+            emit = self.view(a[2], (B, kp))
+            for b in range(B):
+                n = 0
+                while n < kp - 1 and vtok[b, n + 1] == am[b, n]:
+                    n += 1
+                emit[b] = [am[b, j] if j <= n else -1 for j in range(kp)]
+                self.view(a[3], (B,))[b] = n + 1
+                self.view(a[4], (B,))[b] = n
+                self.view(a[5], (B,))[b] = n + 1
+                vtok[b, 0] = am[b, n]
+        elif kind == "tokens":
+            R_ = a[3][1]
+            mnext, nxt = self.view(a[0], (R_,)), self.view(a[1], (B,))
+            rows = np.arange(R_)
+            self.view(a[2], (R_,))[:] = np.where(mnext >= 0, mnext, nxt[rows // pt])
+        elif kind == "pos":
+            self.view(a[2], (B,))[:] = self.view(a[0], (B,)) + a[1][1]
+            self.view(a[3], (B,))[:] = 1
+        elif kind == "put":
+            j, stride = a[2][1], a[3][1]
+            self.view(a[0], (B, stride))[:, j] = self.view(a[1], (B,))
+        else:
+            raise ValueError(L["k"])
+
+
+def _pt_of(L) -> int:
+    """Rows per sequence of one launch: from the kernel name where it carries one (gdn, attn,
+    gather_last, spec_tokens), else 1 (kernels that need no row split)."""
+    m = re.search(r"_pt(\d+)", L["k"])
+    return int(m.group(1)) if m else 1

@@ -69,8 +69,17 @@ def test_write_is_atomic_and_named(tmp_path):
 def test_rejects_before_writing(tmp_path):
     with pytest.raises(UserError, match=r"model 'toy': linear_key_head_dim=16"):
         emit_program(PRESETS["toy"], Lanes.make(2))
-    with pytest.raises(UserError, match=r"mtp=1: the MTP kernels are not emitted yet"):
-        emit_program(PRESETS["tiny"], Lanes.make(2, mtp=1))
+    with pytest.raises(UserError, match=r"lane mtp=5 is not supported; supported mtp: 0, 1, 2, 3, 4"):
+        emit_program(PRESETS["tiny"], Lanes.make(2, mtp=5))
+
+
+def test_mtp_emission_deterministic():
+    """An mtp lane emits (the verify schedule and the speculative kernels), twice the same."""
+    a, b = (emit_program(PRESETS["tiny"], Lanes.make(3, pt=16, mtp=2)) for _ in range(2))
+    assert a.source == b.source and a.manifest == b.manifest
+    assert "q38_spec_accept_k2" in a.manifest["kernels"] and "verify" in a.manifest["schedule"]
+    plain = emit_program(PRESETS["tiny"], Lanes.make(3, pt=16)).manifest
+    assert "verify" not in plain["schedule"] and "slot" not in plain["buffers"]
 
 
 def _cli(*args, cwd):

@@ -151,7 +151,7 @@ def l2n(x: np.ndarray) -> np.ndarray:
 
 def gdn_chunk(mz, ba, ba_off: int, conv_w, A_log, dt_bias, norm_w, eps: float, ring, state,
               pos, ntok, *, hk: int, hv: int, dk: int, dv: int, pt: int,
-              hf_rounding: bool = False):
+              hf_rounding: bool = False, per_token: bool = False):
     """One GDN layer core over a chunk of PT rows per sequence (MODEL.md §4.2 steps 2–7, §5).
 
     mz [B·PT, ≥ C+Cv]: m = columns [0, C) (Q all k-heads | K | V all v-heads), z = [C, C+Cv);
@@ -164,21 +164,28 @@ def gdn_chunk(mz, ba, ba_off: int, conv_w, A_log, dt_bias, norm_w, eps: float, r
     hf_rounding=False: fp64 throughout. True: also round to bf16 where MODEL.md §7 says HF does
     (conv output, SiLU output, delta-rule output, the normalised o, the final product).
     Returns out [B·PT, Cv], the new ring [B, K−1, C], the new state [B, HV, DK, DV] (fp64).
+
+    The ring may hold RS ≥ K−1 slots (ring [B, RS, C], slot = position % RS, the mtp lane); the
+    last min(ntok, RS) rows are written. per_token=True also returns the state after every token,
+    [B, PT, HV, DK, DV] (rows t ≥ ntok[b] left NaN): the verify pass's state slots.
     """
     rnd = bf16_round if hf_rounding else (lambda a: a)
     B = len(pos)
     C, Cv, r = 2 * hk * dk + hv * dv, hv * dv, hv // hk
     K = conv_w.shape[1]
     KC = K - 1
+    RS = ring.shape[1]
+    assert RS >= KC, (RS, KC)
     W = f64(conv_w)
     A_log, dt_bias, norm_w = f64(A_log), f64(dt_bias), f64(norm_w)
     ring_new, S_all = f64(ring).copy(), f64(state).copy()
     out = np.zeros((B * pt, Cv))
+    each = np.full((B, pt) + S_all.shape[1:], np.nan) if per_token else None
     kap = np.arange(hv) // r                    # v-head h reads key head ⌊h / r⌋
     for b in range(B):
         p0, n = int(pos[b]), int(ntok[b])
         # X = raw m of positions p0-KC .. p0-1, oldest first
-        X = [f64(ring[b, (p0 - KC + j) % KC]) if p0 - KC + j >= 0 else np.zeros(C)
+        X = [f64(ring[b, (p0 - KC + j) % RS]) if p0 - KC + j >= 0 else np.zeros(C)
              for j in range(KC)]
         S = S_all[b]                            # [HV, DK, DV]
         for t in range(n):
@@ -202,6 +209,10 @@ def gdn_chunk(mz, ba, ba_off: int, conv_w, A_log, dt_bias, norm_w, eps: float, r
             z = f64(mz[row, C:C + Cv]).reshape(hv, dv)
             nrm = rnd(o / np.sqrt(np.mean(o * o, axis=1, keepdims=True) + eps))
             out[row] = rnd(nrm * norm_w[None, :] * silu(z)).reshape(Cv)
-        for t in range(max(0, n - KC), n):
-            ring_new[b, (p0 + t) % KC] = f64(mz[b * pt + t, :C])
+            if per_token:
+                each[b, t] = S
+        for t in range(max(0, n - RS), n):
+            ring_new[b, (p0 + t) % RS] = f64(mz[b * pt + t, :C])
+    if per_token:
+        return out, ring_new, S_all, each
     return out, ring_new, S_all
