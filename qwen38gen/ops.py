@@ -242,14 +242,57 @@ def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
                       f"q38::AttnPrepLaunch<{targs}>::grid_y == {cdiv(h + 2 * hkv, 8)}"))
 
 
+# Split-K attention (kernels/attention.cuh, AttnLaunch): a row with n cached slots is cut into
+# attn_splits(n) splits of attn_span(n) slots; both depend on n only (never on B or the grid), so
+# a row's output is bitwise the same at every batch size.
+ATTN_SPLIT = 64         # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
+ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
+ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H200
+
+
+def attn_span(n: int) -> int:
+    return ATTN_SPLIT * cdiv(cdiv(n, ATTN_SPLIT), ATTN_MAX_SPLITS)
+
+
+def attn_splits(n: int) -> int:
+    return cdiv(n, attn_span(n))
+
+
+def attn_stride(tmax: int) -> int:
+    """Partials per (row, kv head) in attn_part: the most splits of any n <= tmax."""
+    return min(ATTN_MAX_SPLITS, cdiv(tmax, ATTN_SPLIT))
+
+
+def attn_part_floats(cfg: ModelConfig) -> int:
+    """fp32 per partial: o[G][D], m[G], l[G], padded to 16 bytes."""
+    g = cfg.num_attention_heads // cfg.num_key_value_heads
+    return g * cfg.head_dim + cdiv(2 * g, 4) * 4
+
+
+def attn_grid_x(blocks: int) -> int:
+    """grid.x of attn for B*HKV*PT (row, kv head) pairs: blocks loop over the splits of their
+    row, so this only spreads the work (it changes no bit of the result)."""
+    return max(1, min(ATTN_MAX_SPLITS, ATTN_BLOCKS // blocks))
+
+
+def resolve_shape(shape: list, tmax: int) -> list[int]:
+    """A buffer shape with its run-time entries replaced: "Tmax" -> tmax, "Tsplits" ->
+    attn_stride(tmax)."""
+    return [tmax if d == "Tmax" else attn_stride(tmax) if d == "Tsplits" else d for d in shape]
+
+
 def attn_entry(cfg: ModelConfig, pt: int) -> Entry:
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     targs = f"{d}, {h}, {hkv}, {pt}"
+    A = f"q38::AttnLaunch<{targs}>"
     return Entry(
         f"q38_attn_pt{pt}", f"q38::attn<{targs}>",
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
-         (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "o")),
-        256, asserts=(f"q38::AttnLaunch<{targs}>::threads == 256",))
+         (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
+         ("q38::bf16*", "o")),
+        256, asserts=(f"{A}::threads == 256", f"{A}::split == {ATTN_SPLIT}",
+                      f"{A}::max_splits == {ATTN_MAX_SPLITS}",
+                      f"{A}::part_floats == {attn_part_floats(cfg)}"))
 
 
 def embed_entry(h: int) -> Entry:
@@ -354,6 +397,11 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         "nextval": {"dtype": "float32", "shape": [B]},
         # Arrival counters of the GDN conv-ring write; every launch leaves them at zero.
         "ring_arrivals": {"dtype": "int32", "shape": [B, cfg.linear_num_key_heads]},
+        # attn split-K scratch, shared by every attention layer: per (row, kv head) up to
+        # "Tsplits" = attn_stride(Tmax) fp32 partials, and an arrival counter that every launch
+        # leaves at zero (all buffers are allocated zeroed).
+        "attn_part": {"dtype": "float32", "shape": [rmax, Hkv, "Tsplits", attn_part_floats(cfg)]},
+        "attn_arrivals": {"dtype": "int32", "shape": [rmax, Hkv]},
         "conv": {"dtype": "bfloat16", "state": True,
                  "shape": [len(cfg.linear_layers), B, RS, C]},
         "rec": {"dtype": "float32", "state": True,
@@ -407,9 +455,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                           ["t", sa + "k_norm.weight"], ["f32", eps],
                           ["f32", cfg.rope_theta], buf(pos), buf(ntok), buf("qbuf"),
                           kc, vc, ["tmax"]]},
-                {"k": at.name, "grid": [B * Hkv, pt, 1],
+                {"k": at.name, "grid": [attn_grid_x(B * Hkv * pt), B * Hkv, pt],
                  "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kc, vc,
-                          ["tmax"], buf(pos), buf(ntok), buf("o")]}]
+                          ["tmax"], buf(pos), buf(ntok), buf("attn_part"),
+                          buf("attn_arrivals"), buf("o")]}]
 
     def step(pt: int, tokens: str = "tokens", verify: bool = False,
              advance: bool = True) -> list[dict]:

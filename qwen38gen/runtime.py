@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import UserError
+from .ops import resolve_shape
 from .weights import BF16
 
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
@@ -252,7 +253,7 @@ class Runtime:
         drv, man = self.drv, self.manifest
         self.bufs = {}
         for name, spec in man["buffers"].items():
-            shape = [self.tmax if d == "Tmax" else d for d in spec["shape"]]
+            shape = resolve_shape(spec["shape"], self.tmax)
             dt = DT[spec["dtype"]]
             nbytes = int(np.prod(shape)) * dt.itemsize
             g = drv.mem_alloc(max(nbytes, 16))

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from qwen38gen.ops import attn_part_floats, attn_stride, resolve_shape
 from qwen38gen.runtime import fused_arrays, pack_weights
 from qwen38gen.weights import dequantize
 from tests.gpu import ref_ops as R
@@ -28,7 +29,7 @@ class Emu:
         self.T = {n: np.asarray(packed[n], dtype=np.float64) for n in man["tensors"]}
         self.buf = {}
         for n, spec in man["buffers"].items():
-            shape = [tmax if d == "Tmax" else d for d in spec["shape"]]
+            shape = resolve_shape(spec["shape"], tmax)
             dt = np.int64 if spec["dtype"] == "int32" else np.float64
             self.buf[n] = np.zeros(int(np.prod(shape)), dt)
         self.B = man["lanes"]["batch"]
@@ -162,7 +163,11 @@ class Emu:
         kc = self.view(a[3], (B, HKV, self.tmax, D))
         vc = self.view(a[4], (B, HKV, self.tmax, D))
         pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
-        o = self.view(a[8], (R_, H * D))
+        # split-K scratch: the partials of every (row, kv head) fit; the counters are all zero
+        # before and after (the kernel's merger resets them)
+        self.view(a[8], (R_, HKV, attn_stride(self.tmax), attn_part_floats(c)))
+        assert not self.view(a[9], (R_, HKV)).any()
+        o = self.view(a[10], (R_, H * D))
         for r in range(R_):
             b, t = divmod(r, pt)
             if t >= ntok[b]:
