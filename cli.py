@@ -185,7 +185,9 @@ def lanes_cmd():
 @click.option("--btg", type=int, default=None, help="Batch tile of the GEMV (default from B).")
 @click.option("--pt", type=int, default=None,
               help="Prefill chunk width (default: $QWEN38_PT, else 16).")
-@click.option("--mtp", type=int, default=0, show_default=True, help="MTP draft tokens (0: off).")
+@click.option("--mtp", type=int, default=0, show_default=True, is_flag=False, flag_value=1,
+              help="MTP draft tokens per verify pass, 1..4 (0: off; --mtp alone: 1): the "
+                   "speculative-decoding program (verify, accept, MTP drafter).")
 @click.option("--arch", default="sm_90", show_default=True)
 @click.option("--lm-head", default="int4", show_default=True, help="lm_head precision.")
 @click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
@@ -281,7 +283,8 @@ def _lanes_options(f):
         click.option("--batch", type=int, default=16, show_default=True, help="B."),
         click.option("--btg", type=int, default=None, help="Batch tile (default from B)."),
         click.option("--pt", type=int, default=None, help="Prefill chunk ($QWEN38_PT, else 16)."),
-        click.option("--mtp", type=int, default=0, show_default=True, help="MTP draft tokens."),
+        click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
+                     flag_value=1, help="MTP draft tokens (check: speculative decoding)."),
         click.option("--arch", default="sm_90", show_default=True),
         click.option("--lm-head", default="int4", show_default=True),
     ]):
@@ -419,6 +422,16 @@ def check(**lane_kw):
 
         out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(why)}. Only the golden files were "
                   "validated against the numpy reference.")
+        sys.exit(0 if res.ok else 1)
+    if lanes.mtp:
+        from qwen38gen.check import check_spec
+
+        res = check_spec(lanes, g)
+        _outcome_table(f"check {lanes.name}: speculative streams vs the golden greedy streams",
+                       ("mode", "slot", "golden", "prompt", "tokens", "acceptance",
+                        "target passes", "status"), res)
+        n_ok = sum(r[-1] == "ok" for r in res.rows)
+        out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} runs")
         sys.exit(0 if res.ok else 1)
     res = check_gpu(lanes, g)
     _outcome_table(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",

@@ -182,3 +182,59 @@ def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outc
                          f"{rep.argmax_checked - rep.argmax_mismatch}/{rep.argmax_checked}",
                          f"{state_err:.1e}", "ok" if ok else "MISMATCH"])
     return out
+
+
+def check_spec(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
+    """`check --mtp K`: speculative decoding with the mtp program (qwen38gen.spec_runtime) on
+    every golden prompt, B at a time (prompts cycle to fill a large batch): its token streams
+    must equal the golden greedy streams exactly. Twice: with the program's own drafts, and with
+    the drafts forced right from the golden stream (then every verify pass but a sequence's last
+    must accept all K drafts, which exercises the multi-token accept and the state-slot rollback).
+    Rows: mode, slot, golden sequence, prompt length, tokens, acceptance, target passes, status."""
+    from .runtime import Runtime
+    from .spec_runtime import speculative_run, tmax_needed
+
+    cfg = cfg or PRESETS[G.MODEL]
+    K, B = lanes.mtp, lanes.batch
+    n = len(g.sequences)
+    count = max(n, B)
+    seqs = [g.sequences[i % n] for i in range(count)]
+    prompts = [s["prompt"] for s in seqs]
+    want = [s["tokens"][:g.steps] for s in seqs]
+    tmax = tmax_needed(prompts, g.steps, K)
+    cubin, man = build(cfg, lanes)
+    out = Outcome(ok=True)
+    out.notes.append(
+        f"mtp={K}: each verify pass runs {K + 1} rows per sequence through the target (other kernel "
+        "instances than the golden batch-1 program's decode), so a token can differ from the golden "
+        "one only at a near tie; a mismatch row names the step and the golden top-2 margin there")
+    with Runtime(cubin, man, cfg, default_tensors(cfg, mtp=True), tmax) as rt:
+        for mode in ("own drafts", "forced right"):
+            for i0 in range(0, count, B):
+                chunk, w = prompts[i0:i0 + B], want[i0:i0 + B]
+
+                def hook(b, position, d, chunk=chunk, w=w):
+                    j = position - len(chunk[b])
+                    return w[b][j] if 0 <= j < len(w[b]) else d
+
+                got, st, _ = speculative_run(rt, man, chunk, g.steps, tmax=tmax,
+                                             draft_hook=hook if mode == "forced right" else None)
+                for j, (tok, wt) in enumerate(zip(got, w)):
+                    i = i0 + j
+                    eq = tok == wt
+                    if eq:
+                        tcell = "equal"
+                    else:
+                        s = next(k for k, (a, b) in enumerate(zip(tok, wt)) if a != b)
+                        tk = seqs[i]["topk"][s]
+                        tcell = (f"differs at step {s} (golden top-2 margin "
+                                 f"{tk[0][1] - tk[1][1]:.3g})")
+                    ok = eq
+                    if mode == "forced right":
+                        ok &= all(r == K for r in st.runs[j][:-1])
+                    out.ok &= ok
+                    out.rows.append([mode, str(i), str(i % n), str(len(prompts[i])), tcell,
+                                     f"{st.accepted[j]}/{st.proposed[j]} = "
+                                     f"{st.acceptance_rate[j]:.2f}",
+                                     str(st.verify_passes[j]), "ok" if ok else "MISMATCH"])
+    return out
