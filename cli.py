@@ -465,7 +465,11 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--peers", is_flag=True, default=False,
               help="Also time torch's cuBLAS bf16 and int4 _weight_int4pack_mm over the step's "
                    "linear layers (needs torch with CUDA; runs after our own runs).")
-def bench(model, batches, ctx, reps, json_out, plot_out, peers):
+@click.option("--mtp", type=int, default=0, is_flag=False, flag_value=1,
+              help="Instead: the speculative step with K drafts (verify + drafter graph) against "
+                   "the plain decode step, tok/s measured and implied at acceptance 0.5/0.7/0.9 "
+                   "(--mtp alone: K = 1).")
+def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen import bench as Bm
     from qwen38gen.config import load_config
@@ -477,6 +481,9 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers):
         raise UserError(f"--reps {reps}: the median needs at least 20 timed replays")
     if ctx < 1:
         raise UserError(f"--ctx {ctx} must be ≥ 1")
+    if mtp:
+        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out)
+        return
     with err.status("bench") as st:
         bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m))
     t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
@@ -501,6 +508,35 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers):
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
+
+
+def _bench_mtp(cfg, bs, ctx, reps, k, json_out):
+    """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
+    import subprocess
+
+    from qwen38gen import bench_mtp as Mm
+    from qwen38gen.emit import atomic_write
+    from qwen38gen.lanes import Lanes
+
+    Lanes.make(1, mtp=k)  # a bad K fails here, before any GPU work
+    with err.status("bench --mtp") as st:
+        rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m))
+    t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
+                    f"drafter) vs plain decode step, T = {ctx}")
+    for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",
+              "spec tok/s", *(f"tok/s @α={a}" for a in Mm.ALPHAS)):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(str(r.batch), f"{r.plain_ms:.3f}", f"{r.spec_ms:.3f}", f"{r.ratio:.2f}",
+                  f"{r.emitted:.2f}", f"{r.plain_tok_s:,.0f}", f"{r.spec_tok_s:,.0f}",
+                  *(f"{r.implied_tok_s[a]:,.0f}" for a in Mm.ALPHAS))
+    out.print(t)
+    out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
+              f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")
+    if json_out:
+        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+        atomic_write(Path(json_out), json.dumps(Mm.to_json(cfg, ctx, rows, dev), indent=1) + "\n")
 
 
 def _bench_peers(cfg, bs, bw, reps, rows) -> dict:

@@ -50,3 +50,10 @@ def test_check_spec_on_emulator(monkeypatch):
     assert len(res.rows) == 2 * 3 and {r[0] for r in res.rows} == {"own drafts", "forced right"}
     forced = [r for r in res.rows if r[0] == "forced right"]
     assert all(r[5].endswith("= 1.00") or r[6] == "1" for r in forced), forced
+
+
+def test_bench_mtp_implied_tokens():
+    from qwen38gen.bench_mtp import tokens_per_step
+
+    assert tokens_per_step(0.0, 3) == 1.0 and tokens_per_step(1.0, 2) == 3.0
+    assert abs(tokens_per_step(0.5, 1) - 1.5) < 1e-12

@@ -1,0 +1,98 @@
+"""`qwen38gen bench --mtp K`: the cost of one speculative step (verify K+1 rows + accept + MTP rows
++ K−1 draft steps, one CUDA graph) against one plain decode step (the pt = 1 program's graph),
+at each batch size, with the same synthetic weights and state as `bench` (bench.py's helpers).
+
+tok/s measured = B · (mean tokens emitted per step) / step time. With the synthetic weights the
+drafts are almost never accepted, so that is ~B / step time; the tok/s implied at acceptance rate
+α is B · (1 + α + … + α^K) / step time (the expected tokens of a greedy verify of K drafts when
+each draft is accepted with probability α given the previous ones were).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .bench import fill_state, time_graph
+from .check import build
+from .config import ModelConfig
+from .lanes import Lanes
+from .runtime import DeviceFill, Runtime
+
+ALPHAS = (0.5, 0.7, 0.9)
+
+
+def tokens_per_step(alpha: float, k: int) -> float:
+    return sum(alpha ** i for i in range(k + 1))
+
+
+@dataclass
+class MtpRow:
+    batch: int
+    k: int
+    lane: str
+    plain_ms: float
+    spec_ms: float
+    ratio: float                     # spec step / plain step
+    emitted: float                   # mean tokens per sequence and step (measured)
+    plain_tok_s: float
+    spec_tok_s: float                # measured
+    implied_tok_s: dict = field(default_factory=dict)   # alpha -> tok/s
+
+
+def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[float], float]:
+    """Replays of the verify graph from position ctx; (seconds per replay, mean count)."""
+    drv, B = rt.drv, rt.B
+    out, counts = [], []
+    for i in range(warmup + reps):
+        rt.put("pos", np.full(B, ctx, np.int32))
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(rt.stream)
+        rt.run_phase("verify")
+        e1.record(rt.stream)
+        e1.synchronize()
+        if i >= warmup:
+            out.append(e1.time_since(e0) / 1e3)
+            counts.append(float(rt.get("count").mean()))
+    return out, statistics.mean(counts)
+
+
+def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup: int = 5,
+              reps: int = 30, progress=None) -> list[MtpRow]:
+    rows = []
+    for B in batches:
+        say = progress or (lambda m: None)
+        plain = Lanes.make(B, pt=1)
+        say(f"B={B}: plain program, emit + nvcc")
+        cubin, man = build(cfg, plain)
+        with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
+            fill_state(rt, ctx)
+            say(f"B={B}: timing {reps} plain decode replays")
+            tp = statistics.median(time_graph(rt, ctx, warmup, reps))
+        lanes = Lanes.make(B, pt=k + 1, mtp=k)
+        say(f"B={B}: mtp={k} program, emit + nvcc")
+        cubin, man = build(cfg, lanes)
+        with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + k + 2) as rt:
+            fill_state(rt, ctx)
+            for i, name in enumerate(("mkc", "mvc")):
+                g, shape, _ = rt.bufs[name]
+                rt.fill(g, int(np.prod(shape)), "bfloat16", 97 + i, -1.0, 1.0)
+            rng = np.random.default_rng(B)
+            rt.put("vtok", rng.integers(0, cfg.vocab_size, B * (k + 1)).astype(np.int32))
+            rt.put("ntok", np.full(B, k + 1, np.int32))
+            rt.put("slot", np.zeros(B, np.int32))
+            rt.stream.synchronize()
+            say(f"B={B}: timing {reps} verify + draft replays")
+            ts, emitted = time_verify(rt, ctx, warmup, reps)
+        tv = statistics.median(ts)
+        rows.append(MtpRow(batch=B, k=k, lane=lanes.name, plain_ms=tp * 1e3, spec_ms=tv * 1e3,
+                           ratio=tv / tp, emitted=emitted, plain_tok_s=B / tp,
+                           spec_tok_s=B * emitted / tv,
+                           implied_tok_s={a: B * tokens_per_step(a, k) / tv for a in ALPHAS}))
+    return rows
+
+
+def to_json(cfg: ModelConfig, ctx: int, rows: list[MtpRow], device: str) -> dict:
+    return {"model": cfg.name, "ctx": ctx, "device": device, "mtp_rows": [asdict(r) for r in rows]}
