@@ -1,4 +1,5 @@
-"""The lane matrix that `make gate` compiles: models × batches × prefill widths."""
+"""The lane matrix that `make gate` compiles: models × batches × prefill widths, plus the mtp
+lanes (models × B ∈ MTP_BATCHES × K ∈ MTP_K at the default pt)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ from .lanes import DEFAULT_PT, Lanes
 MODELS = ("qwen3.8-27b", "tiny")
 BATCHES = (1, 2, 3, 4, 8, 16, 17, 32, 64)
 PTS = (1, DEFAULT_PT, 64)
+MTP_BATCHES = (1, 16)
+MTP_K = (1, 2)
 
 
 def matrix_lanes() -> list[tuple[str, Lanes]]:
-    return [(m, Lanes.make(b, pt=pt)) for m in MODELS for b in BATCHES for pt in PTS]
+    return ([(m, Lanes.make(b, pt=pt)) for m in MODELS for b in BATCHES for pt in PTS]
+            + [(m, Lanes.make(b, pt=DEFAULT_PT, mtp=k))
+               for m in MODELS for b in MTP_BATCHES for k in MTP_K])
 
 
 def run_matrix(jobs: int = 2, console=None, out_dir: Path | None = None):
