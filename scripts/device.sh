@@ -63,11 +63,21 @@ for B in ${CHECK_B-1 2 3 16 17 64}; do
   note "check --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
 done
 
+# The mtp lane's lock: speculative streams equal the golden greedy streams (own + forced drafts).
+for B in ${MTP_CHECK_B-1 16}; do
+  section "check --mtp ${MTP_K:-1} --batch $B"
+  $Q check --mtp "${MTP_K:-1}" --batch "$B" > /tmp/c.log 2>&1; rc=$?; cat /tmp/c.log
+  note "check --mtp ${MTP_K:-1} --batch $B" "rc=$rc: $(grep -E 'PASS|FAIL|error' /tmp/c.log | tail -1)"
+done
+
 if [ "${BENCH:-0}" = 1 ]; then
   section "bench"
   $Q bench --model qwen3.8-27b --batch "${BENCH_B:-1,2,4,8,16,32,64}" --ctx 1024 \
     --json "$OUT/bench.json" --plot "$OUT/bench.png"
   note "bench 27B" "rc=$?"
+  $Q bench --model qwen3.8-27b --mtp "${MTP_K:-1}" --batch "${BENCH_MTP_B:-1,16,64}" --ctx 1024 \
+    --json "$OUT/bench-mtp.json"
+  note "bench --mtp ${MTP_K:-1} 27B" "rc=$?"
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then

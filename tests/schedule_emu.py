@@ -36,7 +36,7 @@ class Emu:
 
     # -- the executor interface of qwen38gen.spec_runtime (as qwen38gen.runtime.Runtime's)
     def _shape(self, name):
-        return [self.tmax if d == "Tmax" else d for d in self.man["buffers"][name]["shape"]]
+        return resolve_shape(self.man["buffers"][name]["shape"], self.tmax)
 
     def put(self, name: str, arr):
         a = np.asarray(arr).reshape(-1)
