@@ -14,7 +14,8 @@
 // the only roundings are fp32 sums and the final bf16 store.
 //
 // Launch: grid = (Np / (16*MT), ceil(R / (8*NT))), block = GemvLaunch::threads = 32*KS,
-//   no dynamic smem. Entry point: extern "C" __global__ __launch_bounds__(32*KS) calling gemv_q4.
+//   dynamic smem GemvLaunch::dyn_smem_bytes (0 unless AS = 1; above 48 KiB the caller raises
+//   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). Entry point: extern "C" __global__ __launch_bounds__(32*KS) calling gemv_q4.
 //   KS warps of a block own the same MT m-tiles and split the K/128 groups between them; their
 //   partial sums meet in shared memory and are added in a fixed order (deterministic, and the
 //   same at every R: a row's result does not depend on the batch it is computed in).
@@ -22,20 +23,19 @@
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemv_q4.cuh -o /dev/null
 #pragma once
-#include <cooperative_groups.h>
-
 #include "common.cuh"
 
 namespace q38 {
 
 enum GemvEpilogue { EPI_STORE = 0, EPI_ADD = 1 };
 
-template <int MT, int NT, int KS>
+template <int MT, int NT, int KS, int ST = 2, int AS = 0>
 struct GemvLaunch {
   static constexpr int threads = 32 * KS;
   static constexpr int rows_per_block = 16 * MT;   // output features per block (grid.x)
   static constexpr int btg = 8 * NT;               // activation rows per block (grid.y)
   static constexpr int smem_bytes = (KS > 1 ? KS : 0) * MT * NT * 4 * 32 * 4;  // static
+  static constexpr int dyn_smem_bytes = AS ? KS * ST * MT * 66 * 16 : 0;       // the cp.async ring
 };
 
 // Two int4 codes at bits [4j, 4j+4) and [16+4j, 20+4j) of w -> bf16x2 {code-8, code-8}.
@@ -68,13 +68,24 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   return v;
 }
 
+// cp.async: 16 bytes global -> shared, bypassing L1 (weights are streamed once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 // The work of one warp on one batch tile: MT m-tiles (16 output rows each) x NT n-tiles (8
-// activation rows each), over any run of groups of 128 inputs, with an ST-stage register ring of
-// weights and scales (XS: activations staged with them, else loaded when used). Its arithmetic is
-// fixed: per group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32.
-// Both kernels below drive it; MT, NT, ST, XS and the driver change only the schedule, so a row's
-// result depends only on K and KS (the split of the groups into KS parts, summed in part order).
-template <int K, int MT, int NT, int ST, int XS>
+// activation rows each), over any run of groups of 128 inputs, with an ST-stage ring of weights
+// and scales (XS: activations staged in registers with them, else loaded when used). The ring is
+// in registers (AS = 0) or in this warp's slice of shared memory, filled by cp.async (AS = 1:
+// ST-1 groups in flight cost no registers, so more warps fit an SM). Its arithmetic is fixed: per
+// group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32. MT, NT, ST,
+// XS and AS change only the schedule, so a row's result depends only on K and KS (the split of
+// the groups into KS parts, summed in part order).
+template <int K, int MT, int NT, int ST, int XS, int AS = 0>
 struct GemvWarp {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
@@ -82,13 +93,19 @@ struct GemvWarp {
   static constexpr int NG = K / 128;   // groups per row tile
   static constexpr int XW = XS ? ST : 1;
   static constexpr int V = MT * NT * 4;  // accumulator values per lane
+  static constexpr int WS = AS ? 1 : ST;  // register stages
+  // Shared ring per warp (AS = 1): per (stage, m-tile) 64 uint4 of weights (lane l's 16 bytes of
+  // k-tile h at [32h + l]) then 2 uint4 = the group's 16 bf16 scales.
+  static constexpr int RING_SLOT = 66;
+  static constexpr int ring_uint4 = AS ? ST * MT * RING_SLOT : 0;
 
   const uint4* __restrict__ qweight;
   const unsigned short* __restrict__ sc16;
   const bf16* xrow[NT];
   int lane, g;
-  uint4 w[ST][MT][2];
-  uint32_t sw[ST][MT];  // bf16 scales of rows g and g+8 of each m-tile, packed
+  uint4* ring = nullptr;  // AS = 1: this warp's ring_uint4 uint4 of shared memory
+  uint4 w[WS][MT][2];
+  uint32_t sw[WS][MT];  // bf16 scales of rows g and g+8 of each m-tile, packed
   uint4 xv[XW][NT][2][2];
   float acc[MT][NT][4];
 
@@ -121,13 +138,29 @@ struct GemvWarp {
   // Weights and scales of group gi of m-tiles rt..rt+MT-1 into stage s: constant data, safe
   // before pdl_wait.
   __device__ __forceinline__ void load_w(int s, int rt, int gi) {
+    if constexpr (AS) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
+      for (int m = 0; m < MT; ++m) {
+        uint4* slot = ring + (s * MT + m) * RING_SLOT;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        w[s][m][h] = ld_stream16(qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
-      const unsigned short* sp = sc16 + ((size_t)(rt + m) * NG + gi) * 16;
-      sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
+        for (int h = 0; h < 2; ++h)
+          cp_async16(slot + 32 * h + lane, qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
+      }
+      if (lane < 2 * MT) {
+        const int m = lane >> 1, half = lane & 1;
+        cp_async16(ring + (s * MT + m) * RING_SLOT + 64 + half,
+                   reinterpret_cast<const uint4*>(sc16 + ((size_t)(rt + m) * NG + gi) * 16) + half);
+      }
+      cp_async_commit();
+    } else {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          w[s][m][h] = ld_stream16(qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
+        const unsigned short* sp = sc16 + ((size_t)(rt + m) * NG + gi) * 16;
+        sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
+      }
     }
   }
 
@@ -150,6 +183,25 @@ struct GemvWarp {
 
   // Multiply the group in stage s (group index gi, for the activations when XS = 0).
   __device__ __forceinline__ void group(int s, int gi) {
+    if constexpr (AS) {
+      // This stage's copies (and the older ones) are done; the ST-1 younger may be in flight.
+      cp_async_wait<ST - 1>();
+      __syncwarp();  // the scales were copied by other lanes
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint4* slot = ring + (s * MT + m) * RING_SLOT;
+        w[0][m][0] = slot[lane];
+        w[0][m][1] = slot[32 + lane];
+        const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
+        sw[0][m] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+      }
+      __syncwarp();  // every lane has read the stage before any refills it
+    }
+    compute(AS ? 0 : s, s, gi);
+  }
+
+  // Multiply the group held in register stage rs (its activations: stage s, group gi).
+  __device__ __forceinline__ void compute(int rs, int s, int gi) {
     if constexpr (!XS) load_x(0, gi);
     const uint4 (&xs)[NT][2][2] = xv[XS ? s : 0];
     float part[MT][NT][4];
@@ -165,7 +217,7 @@ struct GemvWarp {
       for (int i = 0; i < 4; ++i) {  // k-step i of k-tile h
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          const uint4& wv = w[s][m][h];
+          const uint4& wv = w[rs][m][h];
           const uint32_t wi = i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w;
           const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
 #pragma unroll
@@ -179,7 +231,7 @@ struct GemvWarp {
       }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      const float s0 = __uint_as_float(sw[s][m] << 16), s1 = __uint_as_float(sw[s][m] & 0xffff0000u);
+      const float s0 = __uint_as_float(sw[rs][m] << 16), s1 = __uint_as_float(sw[rs][m] & 0xffff0000u);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         acc[m][j][0] += s0 * part[m][j][0];
@@ -208,6 +260,7 @@ struct GemvWarp {
       for (int s = 0; s < ST; ++s) {
         if (gi + s < ge) {
           if (gi + s + ST - 1 < ge) load((s + ST - 1) % ST, rt, gi + s + ST - 1);
+          else if constexpr (AS) cp_async_commit();  // keep one commit group per group
           group(s, gi + s);
         }
       }
@@ -249,18 +302,24 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
 // KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
 // ST: pipeline stages, the groups of weights (and their scales) a warp has in flight, ST-1 of
 // them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
-// stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2).
-// MT, NT, ST and XS change neither the arithmetic nor its order, only how it is scheduled: a
+// stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2); AS: 1 = the stages
+// live in shared memory, filled by cp.async (GemvWarp), 0 = in registers.
+// MT, NT, ST, XS and AS change neither the arithmetic nor its order, only how it is scheduled: a
 // row's result is bitwise the same for every choice of them (KS does change the sum order).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0>
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
-  using Wp = GemvWarp<K, MT, NT, ST, XS>;
+  using Wp = GemvWarp<K, MT, NT, ST, XS, AS>;
   constexpr int NG = Wp::NG, V = Wp::V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rt0 = blockIdx.x * MT;  // first row tile of this block
   const int r0 = blockIdx.y * (8 * NT);
   Wp wp(qweight, scales, x, ldx, r0, R);
+  if constexpr (AS) {
+    static_assert(GemvLaunch<MT, NT, KS, ST, AS>::dyn_smem_bytes == KS * Wp::ring_uint4 * 16, "ring");
+    extern __shared__ uint4 gemv_ring[];  // dynamic: GemvLaunch::dyn_smem_bytes
+    wp.ring = gemv_ring + warp * Wp::ring_uint4;
+  }
   // This warp's share of the groups: [gb, ge). The first ST-1 groups of weights are requested
   // before waiting on the kernel that writes x, so under programmatic dependent launch they
   // stream while that kernel finishes.
@@ -291,78 +350,6 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
       gemv_store<EPI>(y, ldy, n, r, N, R, wp.value(v));
     }
   }
-}
-
-// ------------------------------------------------------------------------------ split-K cluster
-// The same product with the KS parts of K spread over the KS blocks of a thread-block cluster
-// instead of the KS warps of a block, for batch tiles whose activations do not fit one SM's L1:
-// block (rank p of its cluster) only ever reads part p of x, NT*8 rows x K/KS inputs, and walks a
-// band of row tiles with it, so every SM keeps its slice of x in L1 and x is read from L2 about
-// once per cluster instead of once per 16*MT output rows.
-//
-//   grid = (KS * bands, ceil(R / (8*NT))), cluster (KS, 1, 1), block 32*W threads (W warps),
-//   dynamic smem GemvClusterLaunch::smem_bytes. Band b covers row tiles [b*tpb, (b+1)*tpb),
-//   tpb = ceil(ceil(Np/16) / bands) rounded up to a multiple of MT (Np/16 must be one); each round, warp w of every block of the cluster computes the
-//   same MT row tiles over its block's part; the partials meet in distributed shared memory after
-//   one cluster barrier and block p sums its share of the round's outputs over the parts in part
-//   order 0..KS-1, from 0 — the same sums in the same order as gemv_q4, so the two kernels give
-//   bitwise the same rows. Partials are double-buffered: one barrier per round.
-template <int MT, int NT, int KS, int W>
-struct GemvClusterLaunch {
-  static constexpr int threads = 32 * W;
-  static constexpr int V = MT * NT * 4;
-  static constexpr int smem_bytes = 2 * W * V * 32 * 4;
-};
-
-template <int K, int MT, int NT, int KS, int EPI, int W, int ST = 2, int XS = 0>
-__device__ __forceinline__ void gemv_q4_cluster(const uint4* __restrict__ qweight,
-        const bf16* __restrict__ scales, const bf16* __restrict__ x, int ldx, bf16* y, int ldy,
-        int N, int R, int bands) {
-  using Wp = GemvWarp<K, MT, NT, ST, XS>;
-  constexpr int NG = Wp::NG, V = Wp::V;
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ float gemv_red[];  // [2][W][V][32]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int p = (int)cluster.block_rank();
-  const int band = blockIdx.x / KS;
-  const int tiles = (N + 15) / 16;
-  const int tpb = ((tiles + bands - 1) / bands + MT - 1) / MT * MT;  // tiles % MT == 0 (caller)
-  const int t0 = band * tpb, t1 = min(t0 + tpb, tiles);
-  const int rounds = (tpb + W * MT - 1) / (W * MT);
-  const int r0 = blockIdx.y * (8 * NT);
-  const int gb = (p * NG) / KS, ge = ((p + 1) * NG) / KS;
-  Wp wp(qweight, scales, x, ldx, r0, R);
-  pdl_launch_dependents();
-#pragma unroll 1
-  for (int rd = 0; rd < rounds; ++rd) {
-    const int rt = t0 + (rd * W + warp) * MT;
-    float* mine = gemv_red + ((rd & 1) * W + warp) * V * 32;
-    if (rt < t1) {  // warp-uniform; rt + MT <= t1 since tiles and tpb are multiples of MT
-      wp.zero();
-      wp.run(rt, gb, ge, rd == 0);
-#pragma unroll
-      for (int v = 0; v < V; ++v) mine[v * 32 + lane] = wp.value(v);
-    } else if (rd == 0) {
-      pdl_wait();
-    }
-    cluster.sync();  // the round's partials of all KS parts are visible cluster-wide
-    // Block p finalises flat slots f = (w*V + v)*32 + l with f % (KS*32*W) in its share.
-    const int base = (rd & 1) * W * V * 32;
-#pragma unroll 1
-    for (int f = (p * W + warp) * 32 + lane; f < W * V * 32; f += KS * W * 32) {
-      const int wv = f / 32, l = f % 32, w = wv / V, v = wv % V;
-      const int rtw = t0 + (rd * W + w) * MT;
-      if (rtw >= t1) continue;
-      float s = 0.f;
-#pragma unroll
-      for (int q = 0; q < KS; ++q) s += cluster.map_shared_rank(gemv_red, q)[base + f];
-      int n, r;
-      gemv_out_index(v, NT, l, rtw, r0, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, s);
-    }
-  }
-  cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
 }  // namespace q38

@@ -22,19 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS) = gemv_q4 (KS warps of a block split K),
-# ("c", MT, ST, XS, W, bands) = gemv_q4_cluster (KS blocks of a cluster split K, W warps each)
+# NT -> batch rows timed, configs ("b", MT, ST, XS, AS) of gemv_q4 (the first is the bitwise
+# reference of its NT)
 SWEEP = {
-    1: (1, [("b", mt, st, xs) for mt in (1, 2) for st in (2, 3) for xs in (0, 1)]
-        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 8, 32), ("c", 1, 2, 0, 4, 32), ("c", 2, 2, 0, 4, 32)]),
-    2: (16, [("b", mt, 2, xs) for mt in (1, 2, 4) for xs in (0, 1)]
-        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 8, 32), ("c", 2, 2, 0, 8, 16), ("c", 2, 2, 0, 4, 32),
-           ("c", 2, 2, 1, 4, 32), ("c", 1, 3, 0, 8, 16)]),
-    4: (64, [("b", 1, 2, 0), ("b", 2, 2, 0), ("b", 2, 2, 1)]
-        + [("c", 1, 2, 0, 8, 16), ("c", 2, 2, 0, 8, 16), ("c", 2, 2, 0, 4, 32), ("c", 2, 2, 1, 4, 16)]),
-    8: (64, [("b", 1, 1, 0), ("b", 1, 2, 0)]
-        + [("c", 1, 2, 0, 8, 16), ("c", 1, 2, 0, 4, 32), ("c", 2, 2, 0, 4, 16), ("c", 2, 2, 0, 8, 16),
-           ("c", 2, 1, 0, 8, 16)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 2, 1, 0), ("b", 1, 3, 0, 1),
+            ("b", 1, 4, 0, 1), ("b", 1, 6, 0, 1), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1),
+             ("b", 1, 6, 0, 1), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1), ("b", 4, 3, 0, 1)]),
+    4: (64, [("b", 2, 2, 0, 0), ("b", 2, 2, 1, 0), ("b", 1, 4, 0, 1), ("b", 2, 3, 0, 1),
+             ("b", 2, 4, 0, 1)]),
+    8: (64, [("b", 1, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1)]),
 }
 KS_MAX = 8
 
@@ -44,15 +41,14 @@ def ks_of(k: int) -> int:
 
 
 def name(k, nt, cfg):
-    if cfg[0] == "b":
-        _, mt, st, xs = cfg
-        return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}"
-    _, mt, st, xs, w, _ = cfg
-    return f"swc_k{k}_m{mt}_n{nt}_s{st}_x{xs}_w{w}"
+    _, mt, st, xs, a = cfg
+    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}"
 
 
-def smem_of(nt, cfg):
-    return 0 if cfg[0] == "b" else 2 * cfg[4] * cfg[1] * nt * 4 * 32 * 4
+def smem_of(k, cfg):
+    """Dynamic shared memory: the cp.async ring (GemvLaunch::dyn_smem_bytes)."""
+    _, mt, st, _, a = cfg
+    return a * ks_of(k) * st * mt * 66 * 16
 
 
 def instances():
@@ -71,21 +67,12 @@ def source() -> str:
     out = ['#include "gemv_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
-        if cfg[0] == "b":
-            _, mt, st, xs = cfg
-            out.append(
+        _, mt, st, xs, a = cfg
+        out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * ks}, 1) {name(k, nt, cfg)}('
                 "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}>"
+                f"int ldy, int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
                 "(qw, sc, x, ldx, y, ldy, N, R); }")
-        else:
-            _, mt, st, xs, w, _ = cfg
-            out.append(
-                f'extern "C" __global__ void __launch_bounds__({32 * w}, 1) __cluster_dims__({ks}, 1, 1) '
-                f"{name(k, nt, cfg)}("
-                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R, int bands) {{ q38::gemv_q4_cluster<{k}, {mt}, {nt}, {ks}, 0, "
-                f"{w}, {st}, {xs}>(qw, sc, x, ldx, y, ldy, N, R, bands); }}")
     return "\n".join(out) + "\n"
 
 
@@ -148,21 +135,15 @@ def run(cubin: str, reps: int = 20):
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
                 mt = cfg[1]
-                sm = smem_of(nt, cfg)
+                sm = smem_of(K, cfg)
                 if sm > 48 * 1024:
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
-                if cfg[0] == "b":
-                    grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
-                    block = (32 * ks_of(K), 1, 1)
-                    extra = ()
-                else:
-                    grid = (ks_of(K) * cfg[5], -(-R // (8 * nt)), 1)
-                    block = (32 * cfg[4], 1, 1)
-                    extra = (np.int32(cfg[5]),)
+                grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
+                block = (32 * ks_of(K), 1, 1)
 
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], x, np.int32(K), y, np.int32(N), np.int32(N),
-                       np.int32(R), *extra, grid=grid, block=block, shared=sm, stream=s)
+                       np.int32(R), grid=grid, block=block, shared=sm, stream=s)
                 drv.memset_d16(y, 0x7FC0, R * N)
                 launch(0)
                 s.synchronize()
@@ -190,9 +171,8 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gate_up", 1, ("b", 1, 2, 0)), ("gate_up", 2, ("b", 2, 2, 0)),
-           ("gate_up", 4, ("b", 2, 2, 1)), ("gate_up", 8, ("c", 1, 2, 0, 8, 16)),
-           ("gate_up", 2, ("c", 1, 2, 0, 8, 16))]
+PROFILE = [("gate_up", 1, ("b", 1, 4, 0, 1)), ("gate_up", 2, ("b", 1, 4, 0, 1)),
+           ("gate_up", 4, ("b", 2, 3, 0, 1))]
 
 
 def profile(cubin: str):
@@ -213,15 +193,11 @@ def profile(cubin: str):
         x = drv.to_device(np.full((R, K), 0x3F80, np.uint16))
         y = drv.mem_alloc(R * N * 2)
         fn = mod.get_function(name(K, nt, cfg))
-        sm = smem_of(nt, cfg)
+        sm = smem_of(K, cfg)
         if sm > 48 * 1024:
             fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
-        if cfg[0] == "b":
-            fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
-               grid=(N // (16 * cfg[1]), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1))
-        else:
-            fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R), np.int32(cfg[5]),
-               grid=(ks_of(K) * cfg[5], -(-R // (8 * nt)), 1), block=(32 * cfg[4], 1, 1), shared=sm)
+        fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
+           grid=(N // (16 * cfg[1]), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1), shared=sm)
         drv.Context.synchronize()
         for a in (W, S, x, y):
             a.free()
