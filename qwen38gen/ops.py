@@ -27,17 +27,22 @@ class Entry:
     cluster: int = 1                        # thread-block cluster size along x (1: none)
     min_blocks: int = 0                     # __launch_bounds__ minBlocksPerSM (0: not given)
     asserts: tuple[str, ...] = ()           # C++ constant expressions that must hold
+    # Programmatic dependent launch: the entry point lets the next kernel launch, then waits for
+    # the previous one before the body runs, unless the body calls q38::pdl_wait() itself (after
+    # loading only data no kernel of the same graph writes).
+    waits: bool = False
 
     def render(self) -> str:
         sig = ", ".join(f"{t} {n}" for t, n in self.params)
         args = ", ".join(n for _, n in self.params)
+        pre = "q38::pdl_launch_dependents(); " + ("" if self.waits else "q38::pdl_wait(); ")
         checks = "".join(f'static_assert({a}, "{self.name}: launch shape out of date");\n'
                          for a in self.asserts)
         cl = f" __cluster_dims__({self.cluster}, 1, 1)" if self.cluster > 1 else ""
         lb = f"{self.threads}, {self.min_blocks}" if self.min_blocks else f"{self.threads}"
         return (f"{checks}"
                 f'extern "C" __global__ void __launch_bounds__({lb}){cl}\n'
-                f"{self.name}({sig}) {{ {self.call}({args}); }}\n")
+                f"{self.name}({sig}) {{ {pre}{self.call}({args}); }}\n")
 
     def manifest(self) -> dict:
         return {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
@@ -53,19 +58,33 @@ def pad16(n: int) -> int:
 
 
 # ------------------------------------------------------------------------------------ GEMV
-GEMV_MT = 1    # m-tiles (16 output features) per warp
 GEMV_KS = 8    # warps per block splitting K (fewer when K has fewer groups)
 GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("const q38::bf16*", "x"), ("int", "ldx"), ("q38::bf16*", "y"), ("int", "ldy"),
                ("int", "N"), ("int", "R"))
 
 
-def gemv_entry(k: int, btg: int, epi: int) -> Entry:
+def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int]:
+    """(MT, ST, XS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
+    stages, staged activations. None of them changes a row's result (only KS does, and KS
+    depends on k alone), so the choice may follow the batch tile. From the sweep of
+    scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper pipelines lose at every
+    shape; two m-tiles per warp halve the activation traffic and win from btg = 16 on the wide
+    shapes, and with staged activations at btg = 32."""
+    tiles = rows // 16
+    if btg >= 32 and tiles % 2 == 0:
+        return 2, 2, 1
+    if btg >= 16 and tiles % 2 == 0 and rows >= 8192:
+        return 2, 2, 0
+    return 1, 2, 0
+
+
+def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    return Entry(name=f"q38_gemv_k{k}_m{GEMV_MT}_n{nt}_s{ks}_e{epi}",
-                 call=f"q38::gemv_q4<{k}, {GEMV_MT}, {nt}, {ks}, {epi}>",
-                 params=GEMV_PARAMS, threads=32 * ks,
+    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}",
+                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}>",
+                 params=GEMV_PARAMS, threads=32 * ks, waits=True,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
                  min_blocks=1)
@@ -224,6 +243,7 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
     return Entry(
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
+        waits=True,  # gdn_chunk loads state/pos/ntok/slot, then griddepcontrol.wait
         asserts=(f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
                  f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
                  f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
@@ -439,9 +459,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the batch."""
         w = plan.weights[wname]
-        e = plan.entry(gemv_entry(w["k"], btg, epi))
+        mt, st, xs = gemv_config(w["rows"], w["k"], btg)
+        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs))
         n_out = w["rows"]
-        return {"k": e.name, "grid": [n_out // (16 * GEMV_MT), cdiv(R, btg), 1],
+        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1],
                 "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
                          ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
 

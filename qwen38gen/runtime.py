@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import launch
 from .config import ModelConfig
 from .errors import UserError
 from .ops import resolve_shape
@@ -83,6 +84,7 @@ class Launch:
     block: tuple
     smem: int
     args: list
+    pdl: object = None   # launch.Prepared when the step is launched with PDL
 
 
 def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -181,6 +183,9 @@ class Runtime:
                 if k["smem"] > 48 * 1024:
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k["smem"])
                 self.fns[name] = fn
+            # The same functions once more through libcuda, for launches with PDL (launch.py).
+            self.pdl = (launch.PdlModule(Path(cubin).read_bytes(), manifest["kernels"])
+                        if launch.enabled() else None)
             if isinstance(tensors, DeviceFill):
                 self._fill = _fill_module()
                 self._alloc_filled(tensors.seed)
@@ -280,14 +285,20 @@ class Runtime:
         out = []
         for s in sched:
             k = self.manifest["kernels"][s["k"]]
-            out.append(Launch(self.fns[s["k"]], tuple(s["grid"]), tuple(k["block"]), k["smem"],
-                              [self._arg(a) for a in s["args"]]))
+            L = Launch(self.fns[s["k"]], tuple(s["grid"]), tuple(k["block"]), k["smem"],
+                       [self._arg(a) for a in s["args"]])
+            if self.pdl is not None:
+                L.pdl = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args)
+            out.append(L)
         return out
 
     # ----------------------------------------------------------------------- steps
     def _launch_all(self, phase: str):
         for L in self.launches[phase]:
-            L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
+            if L.pdl is not None:
+                self.pdl.launch(L.pdl, self.stream.handle)
+            else:
+                L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
 
     def run_phase(self, phase: str, graph: bool = True):
         """One decode step, prefill chunk or top-k pass, as a graph replay (captured once)."""
@@ -391,6 +402,8 @@ class Runtime:
         if ctx is not None:
             self.mem = {}
             self.bufs = {}
+            if getattr(self, "pdl", None) is not None:
+                self.pdl.close()
             ctx.pop()
             self.ctx = None
 
