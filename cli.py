@@ -486,8 +486,11 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
         return
     with err.status("bench") as st:
         bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m))
+    from qwen38gen import launch
+
+    pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
     t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
-                    "(measured in this run)")
+                    f"(measured in this run), programmatic dependent launch {pdl}")
     for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
               "gemv", "delta rule", "attention", "rest"):
         t.add_column(c, justify="right")
@@ -503,6 +506,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
                          capture_output=True, text=True).stdout.strip()
     if json_out:
         d = Bm.to_json(cfg, ctx, bw, rows, dev)
+        d["pdl"] = launch.enabled()
         if pr is not None:
             d["peers"] = pr
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")

@@ -73,8 +73,12 @@ done
 if [ "${BENCH:-0}" = 1 ]; then
   section "bench"
   $Q bench --model qwen3.8-27b --batch "${BENCH_B:-1,2,4,8,16,32,64}" --ctx 1024 \
-    --json "$OUT/bench.json" --plot "$OUT/bench.png"
+    --json "$OUT/bench.json" --plot "$OUT/bench.png" ${PEERS:+--peers}
   note "bench 27B" "rc=$?"
+  if [ -n "${NOPDL_B:-}" ]; then  # the same step without programmatic dependent launch (A/B)
+    QWEN38_PDL=0 $Q bench --model qwen3.8-27b --batch "$NOPDL_B" --ctx 1024 --json "$OUT/bench-nopdl.json"
+    note "bench 27B, QWEN38_PDL=0" "rc=$?"
+  fi
   $Q bench --model qwen3.8-27b --mtp "${MTP_K:-1}" --batch "${BENCH_MTP_B:-1,16,64}" --ctx 1024 \
     --json "$OUT/bench-mtp.json"
   note "bench --mtp ${MTP_K:-1} 27B" "rc=$?"
