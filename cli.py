@@ -499,6 +499,18 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
         t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
                   f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
     out.print(t)
+    g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
+                    "floor bytes (weights / state / KV) over that time")
+    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
+        g.add_column(c, justify="right")
+    for r in rows:
+        cells = []
+        for k in ("gemv", "delta rule", "attention", "rest"):
+            ms = r.graph_ms.get(k)
+            gb = r.kind_gbs.get(k)
+            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
+        g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
+    out.print(g)
     pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
     import subprocess
 

@@ -38,7 +38,9 @@ class BenchRow:
     gbs: float                               # floor bytes / step time
     ratio: float                             # step / floor
     share: dict = field(default_factory=dict)  # kind -> fraction of the per-kernel time sum
-    kernel_ms: dict = field(default_factory=dict)
+    kernel_ms: dict = field(default_factory=dict)    # kind -> ms, each launch timed alone
+    graph_ms: dict = field(default_factory=dict)     # kind -> ms, the kind's launches as a graph
+    kind_gbs: dict = field(default_factory=dict)     # kind -> its floor bytes / graph_ms
 
 
 def copy_bandwidth(drv, nbytes: int = 2 << 30, reps: int = 10) -> float:
@@ -114,6 +116,39 @@ def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in per.items()}
 
 
+def kind_bytes(cfg: ModelConfig, B: int, ctx: int) -> dict[str, float]:
+    """Bytes each kind of kernel must move in one step (the floor model's terms)."""
+    return {"gemv": cfg.int4_weight_bytes(),
+            "delta rule": B * 2 * (cfg.recurrent_state_bytes + cfg.conv_state_bytes),
+            "attention": B * ctx * cfg.kv_bytes_per_token}
+
+
+def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, float]:
+    """Seconds per kind of kernel inside a graph: each kind's launches of one step, in step
+    order, captured as a graph of their own and replayed (median of reps). Unlike the launches
+    timed one by one, this keeps the back-to-back overlap (PDL) of the real step."""
+    drv, sched = rt.drv, rt.manifest["schedule"]["decode"]
+    out = {}
+    for kind in [k for k, _ in KINDS] + ["rest"]:
+        subset = [L for L, s in zip(rt.launches["decode"], sched) if kind_of(s["k"]) == kind]
+        if not subset:
+            continue
+        exe = rt.graphs.capture(rt.stream, lambda: rt.launch_list(subset))
+        times = []
+        for i in range(reps + 2):
+            rt.put("pos", np.full(rt.B, ctx, np.int32))
+            e0, e1 = drv.Event(), drv.Event()
+            e0.record(rt.stream)
+            rt.graphs.launch(exe, rt.stream)
+            e1.record(rt.stream)
+            e1.synchronize()
+            if i >= 2:
+                times.append(e1.time_since(e0) / 1e3)
+        rt.graphs.destroy(exe)
+        out[kind] = statistics.median(times)
+    return out
+
+
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
           progress=None) -> tuple[float, list[BenchRow]]:
     drv = _drv()
@@ -136,6 +171,7 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
                 progress(f"B={B}: timing {reps} graph replays")
             t = time_graph(rt, ctx, warmup, reps)
             kt = time_kernels(rt, ctx)
+            kg = time_kinds_in_graph(rt, ctx)
         step = statistics.median(t)
         fb = cfg.floor_bytes(B, ctx)
         floor = fb / bw
@@ -144,7 +180,10 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
                              step_ms_spread=(min(t) * 1e3, max(t) * 1e3), tok_s=B / step,
                              floor_ms=floor * 1e3, floor_bytes=fb, gbs=fb / step / 1e9,
                              ratio=step / floor, share={k: v / tot for k, v in kt.items()},
-                             kernel_ms={k: v * 1e3 for k, v in kt.items()}))
+                             kernel_ms={k: v * 1e3 for k, v in kt.items()},
+                             graph_ms={k: v * 1e3 for k, v in kg.items()},
+                             kind_gbs={k: b / kg[k] / 1e9
+                                       for k, b in kind_bytes(cfg, B, ctx).items() if k in kg}))
     return bw, rows
 
 

@@ -76,6 +76,9 @@ class _Graphs:
     def launch(self, exe, stream):
         self._ok(self.lib.cuGraphLaunch(exe, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
 
+    def destroy(self, exe):
+        self.lib.cuGraphExecDestroy(exe)
+
 
 @dataclass
 class Launch:
@@ -294,7 +297,11 @@ class Runtime:
 
     # ----------------------------------------------------------------------- steps
     def _launch_all(self, phase: str):
-        for L in self.launches[phase]:
+        self.launch_list(self.launches[phase])
+
+    def launch_list(self, launches: list[Launch]):
+        """Enqueue launches on the stream (with PDL when it is on)."""
+        for L in launches:
             if L.pdl is not None:
                 self.pdl.launch(L.pdl, self.stream.handle)
             else:

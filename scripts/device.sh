@@ -79,9 +79,11 @@ if [ "${BENCH:-0}" = 1 ]; then
     QWEN38_PDL=0 $Q bench --model qwen3.8-27b --batch "$NOPDL_B" --ctx 1024 --json "$OUT/bench-nopdl.json"
     note "bench 27B, QWEN38_PDL=0" "rc=$?"
   fi
-  $Q bench --model qwen3.8-27b --mtp "${MTP_K:-1}" --batch "${BENCH_MTP_B:-1,16,64}" --ctx 1024 \
-    --json "$OUT/bench-mtp.json"
-  note "bench --mtp ${MTP_K:-1} 27B" "rc=$?"
+  if [ -n "${BENCH_MTP_B-1,16,64}" ]; then
+    $Q bench --model qwen3.8-27b --mtp "${MTP_K:-1}" --batch "${BENCH_MTP_B-1,16,64}" --ctx 1024 \
+      --json "$OUT/bench-mtp.json"
+    note "bench --mtp ${MTP_K:-1} 27B" "rc=$?"
+  fi
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then
