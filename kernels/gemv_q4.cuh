@@ -246,8 +246,10 @@ struct GemvWarp {
   // then pdl_wait (the activations come from the previous kernel).
   __device__ __forceinline__ void run(int rt, int gb, int ge, bool pdl) {
 #pragma unroll
-    for (int s = 0; s < ST - 1; ++s)
+    for (int s = 0; s < ST - 1; ++s) {
       if (gb + s < ge) load_w(s, rt, gb + s);
+      else if constexpr (AS) cp_async_commit();  // ST-1 commit groups, even with fewer groups
+    }
     if (pdl) pdl_wait();
     if constexpr (XS) {
 #pragma unroll

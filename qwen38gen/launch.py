@@ -77,7 +77,7 @@ class PdlModule:
             fn = ctypes.c_void_p()
             self._ok(lib.cuModuleGetFunction(ctypes.byref(fn), self.mod, name.encode()),
                      f"cuModuleGetFunction({name})")
-            if k["smem"] > 48 * 1024:
+            if k["smem"] > 0:  # static + dynamic may pass 48 KiB even below it
                 self._ok(lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                 ctypes.c_int(k["smem"])), "cuFuncSetAttribute")
             self.fns[name] = fn

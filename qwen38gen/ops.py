@@ -64,30 +64,41 @@ GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("int", "N"), ("int", "R"))
 
 
-def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int]:
-    """(MT, ST, XS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
-    stages, staged activations. None of them changes a row's result (only KS does, and KS
-    depends on k alone), so the choice may follow the batch tile. From the sweep of
-    scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper pipelines lose at every
-    shape; two m-tiles per warp halve the activation traffic and win from btg = 16 on the wide
-    shapes, and with staged activations at btg = 32."""
+def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
+    """(MT, ST, XS, AS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
+    stages, activations staged in registers, stages in shared memory via cp.async. None of them
+    changes a row's result (only KS does, and KS depends on k alone; tests/gpu/test_gemv_q4.py
+    checks the bits), so the choice may follow the shape and the batch tile. From the sweeps of
+    scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper register pipelines lose
+    everywhere (registers cost occupancy); two m-tiles per warp halve the activation reads and win
+    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%)."""
     tiles = rows // 16
-    if btg >= 32 and tiles % 2 == 0:
-        return 2, 2, 1
-    if btg >= 16 and tiles % 2 == 0 and rows >= 8192:
-        return 2, 2, 0
-    return 1, 2, 0
+    if tiles % 2:
+        return 1, 2, 0, 0
+    if rows >= 65536 and btg <= 16:
+        return 2, 3, 0, 1
+    if btg >= 32 or (btg >= 16 and rows >= 8192):
+        return 2, 2, 0, 0
+    return 1, 2, 0, 0
 
 
-def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0) -> Entry:
+def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
+    """Dynamic shared memory of a gemv_q4 instance (GemvLaunch::dyn_smem_bytes)."""
+    return a * min(GEMV_KS, k // 128) * st * mt * 66 * 16
+
+
+def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
+               a: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}",
-                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}>",
-                 params=GEMV_PARAMS, threads=32 * ks, waits=True,
+    smem = gemv_smem(k, mt, st, a)
+    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else ""),
+                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>",
+                 params=GEMV_PARAMS, threads=32 * ks, smem=smem, waits=True,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
-                 min_blocks=1)
+                 min_blocks=1,
+                 asserts=(f"q38::GemvLaunch<{mt}, {nt}, {ks}, {st}, {a}>::dyn_smem_bytes == {smem}",))
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -459,8 +470,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the batch."""
         w = plan.weights[wname]
-        mt, st, xs = gemv_config(w["rows"], w["k"], btg)
-        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs))
+        mt, st, xs, a = gemv_config(w["rows"], w["k"], btg)
+        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs, a))
         n_out = w["rows"]
         return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1],
                 "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),

@@ -183,7 +183,7 @@ class Runtime:
             self.fns = {}
             for name, k in manifest["kernels"].items():
                 fn = self.mod.get_function(name)
-                if k["smem"] > 48 * 1024:
+                if k["smem"] > 0:  # static + dynamic may pass 48 KiB even below it
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k["smem"])
                 self.fns[name] = fn
             # The same functions once more through libcuda, for launches with PDL (launch.py).

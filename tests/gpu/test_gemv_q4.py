@@ -17,6 +17,11 @@ from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
           (5120, 17408)]
 TILES = [(1, 1, 8), (1, 2, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4)]  # (MT, NT, KS)
+# Schedules (MT, NT, ST, XS, AS) that must give bitwise the rows of the plain (1, NT, 2, 0, 0):
+# deeper register rings, staged activations, the cp.async shared-memory ring with more stages
+# than a warp has groups (K = 512: one group per warp).
+SCHEDULES = [(1, 1, 3, 1, 0), (2, 1, 2, 1, 0), (1, 1, 4, 0, 1), (1, 1, 8, 0, 1), (2, 1, 3, 0, 1),
+             (2, 2, 3, 0, 1), (1, 4, 3, 0, 1), (2, 4, 2, 1, 0)]
 ROWS = [1, 2, 3, 8, 17, 64]
 
 # bf16 output: each element is rounded once (relative 2^-9); the fp32 sums are far below that.
@@ -25,17 +30,26 @@ TOL = 4e-3
 _MODS: dict = {}
 
 
-def _kernel(K: int, mt: int, nt: int, ks: int, epi: int):
-    key = (K, mt, nt, ks, epi)
+def _kernel(K: int, mt: int, nt: int, ks: int, epi: int, st: int = 2, xs: int = 0, a: int = 0):
+    key = (K, mt, nt, ks, epi, st, xs, a)
     if key not in _MODS:
-        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}"
+        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}_{st}_{xs}_{a}"
         src = f"""
 #include "gemv_q4.cuh"
-extern "C" __global__ void __launch_bounds__({32 * ks})
+extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
-       int N, int R) {{ q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}>(q, s, x, ldx, y, ldy, N, R); }}
+       int N, int R) {{
+  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>(q, s, x, ldx, y, ldy, N, R);
+}}
 """
-        _MODS[key] = build(src).get_function(name)
+        fn = build(src).get_function(name)
+        smem = a * ks * st * mt * 66 * 16       # GemvLaunch::dyn_smem_bytes
+        static = ks * mt * nt * 4 * 32 * 4 if ks > 1 else 0
+        if smem + static > 48 * 1024:
+            import pycuda.driver as drv
+            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        fn.q38_smem = smem
+        _MODS[key] = fn
     return _MODS[key]
 
 
@@ -43,7 +57,7 @@ def _run(fn, qw, sc, x, y, N, R, mt, nt, ks):
     np_rows = qw.shape[0] * 16
     grid = (np_rows // (16 * mt), -(-R // (8 * nt)))
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
-       np.int32(N), np.int32(R), block=(32 * ks, 1, 1), grid=grid)
+       np.int32(N), np.int32(R), block=(32 * ks, 1, 1), grid=grid, shared=fn.q38_smem)
 
 
 def _weights(rng, N, K):
@@ -111,3 +125,29 @@ def test_gemv_batch_invariant_bitwise(cuda_ctx):
             assert np.array_equal(one.get().view(np.uint16), full[r:r + 1].view(np.uint16)), \
                 f"tile {mt, nt, ks}: row {r} differs between R=1 and R=64"
 
+
+
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408)])
+def test_gemv_schedules_bitwise(cuda_ctx, N, K):
+    """MT, ST, XS and AS only reschedule the same arithmetic: every schedule gives the bits of the
+    plain one (both epilogues), which is what lets gemv_config pick them per shape and batch."""
+    rng = np.random.default_rng([N, K, 5])
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    for mt, nt, st, xs, a in SCHEDULES:
+        if qweight.shape[0] % mt:
+            continue
+        for epi in (0, 1):
+            ref_fn = _kernel(K, 1, nt, ks, epi)
+            fn = _kernel(K, mt, nt, ks, epi, st, xs, a)
+            for R in (1, 5, 8 * nt + 3):
+                x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                _run(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks)
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} schedule {mt, nt, st, xs, a} epi={epi} R={R}: bits differ"
+    print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
