@@ -82,6 +82,18 @@ def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     return 1, 2, 0, 0
 
 
+def gemv_tile(R: int, btg: int) -> int:
+    """Activation rows per block of a GEMV over R rows: the lane's btg for a decode step
+    (R = B <= btg, or B tiled over grid.y), and for the multi-row passes (prefill chunks, the
+    mtp verify) the smallest tile of 16 or 32 that holds them, else 32: each tile is one more pass
+    over the weights, and on an H200 one 32-row pass costs less than two 16-row ones (the sweep
+    in bench/NOTES.md, version 2). Bit-neutral like the schedule knobs."""
+    for t in (8, 16, 32):
+        if t >= btg and t >= R:
+            return t
+    return max(btg, 32)
+
+
 def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
     """Dynamic shared memory of a gemv_q4 instance (GemvLaunch::dyn_smem_bytes)."""
     return a * min(GEMV_KS, k // 128) * st * mt * 66 * 16
@@ -279,6 +291,11 @@ def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
 ATTN_SPLIT = 64         # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
 ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
 ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H200
+# attn schedule (AttnLaunch's knobs, scripts/attn_sweep.py). NW (slot warps) and U (slots per warp
+# step) fix the order of a row's arithmetic, like ATTN_SPLIT: one value for every B. HG (head
+# groups), ST (cp.async ring stages, 0: registers) and MB (min blocks per SM) only reschedule it.
+ATTN_NW, ATTN_U = 8, 4
+ATTN_HG, ATTN_ST, ATTN_MB = 1, 0, 0
 
 
 def attn_span(n: int) -> int:
@@ -312,18 +329,27 @@ def resolve_shape(shape: list, tmax: int) -> list[int]:
     return [tmax if d == "Tmax" else attn_stride(tmax) if d == "Tsplits" else d for d in shape]
 
 
+def attn_smem(cfg: ModelConfig) -> int:
+    """Dynamic shared memory of attn (AttnLaunch::dyn_smem_bytes): the ST-stage K/V ring."""
+    return ATTN_ST * ATTN_NW * ATTN_U * 2 * cfg.head_dim * 2 if ATTN_ST >= 2 else 0
+
+
 def attn_entry(cfg: ModelConfig, pt: int) -> Entry:
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    targs = f"{d}, {h}, {hkv}, {pt}"
+    targs = (f"{d}, {h}, {hkv}, {pt}, {ATTN_NW}, {ATTN_U}, {ATTN_HG}, {ATTN_ST}, {ATTN_SPLIT}, "
+             f"{ATTN_MB}")
     A = f"q38::AttnLaunch<{targs}>"
+    threads, smem = 32 * ATTN_NW * ATTN_HG, attn_smem(cfg)
     return Entry(
         f"q38_attn_pt{pt}", f"q38::attn<{targs}>",
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
          (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
          ("q38::bf16*", "o")),
-        256, asserts=(f"{A}::threads == 256", f"{A}::split == {ATTN_SPLIT}",
-                      f"{A}::max_splits == {ATTN_MAX_SPLITS}",
-                      f"{A}::part_floats == {attn_part_floats(cfg)}"))
+        threads, smem=smem, min_blocks=ATTN_MB,
+        asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
+                 f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
+                 f"{A}::min_blocks == {ATTN_MB}",
+                 f"{A}::part_floats == {attn_part_floats(cfg)}"))
 
 
 def embed_entry(h: int) -> Entry:
@@ -468,12 +494,13 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     plan.tensors = {n: raw_dtype(n) for n in raw}
 
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
-        """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the batch."""
+        """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows."""
         w = plan.weights[wname]
-        mt, st, xs, a = gemv_config(w["rows"], w["k"], btg)
-        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs, a))
+        tile = gemv_tile(R, btg)
+        mt, st, xs, a = gemv_config(w["rows"], w["k"], tile)
+        e = plan.entry(gemv_entry(w["k"], tile, epi, mt, st, xs, a))
         n_out = w["rows"]
-        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1],
+        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1],
                 "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
                          ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
 
