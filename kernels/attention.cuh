@@ -34,8 +34,10 @@
 //   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = 64, max_splits = 32: 64-slot splits up
 //   to n = 2048, then at most 32 splits of a whole number of 64-slot tiles). It depends on n only,
 //   never on B or the grid, so a row's bits are the same at every batch size.
-//   Launch AttnLaunch: grid (gx, B*HKV, PT), block `threads`, static smem (2·warps·G +
-//   warps·merge_heads·D + 2·max_splits·G + 1)·4 bytes (25.9 KiB at G = 6), no dynamic smem.
+//   Launch AttnLaunch: grid (gx, B*HKV, PT), block `threads` (32·NW·HG), static smem
+//   static_smem_bytes (25.9 KiB at G = 6 with the default knobs), dynamic smem dyn_smem_bytes
+//   (0 unless ST >= 2: the K/V ring). The schedule knobs NW, U, HG, ST, SP, MB are described at
+//   AttnLaunch; the defaults are the schedule before them.
 //   gx ≥ 1 is free (ops.attn_grid_x: ~264 blocks in all, at most max_splits): block x computes
 //   splits x, x + gx, … of its row, one after the other (blocks with x ≥ ns exit at once). The
 //   splits run fastest in the grid, so a row's partials are merged while still in L2. Which
@@ -59,6 +61,7 @@
 //
 // Template parameters: D head_dim (256: a warp covers one head with one 16-byte vector per lane),
 // RD rotary dims (MODEL.md's R = 64), H / HKV query / kv heads, PT rows per sequence.
+// attn also takes the schedule knobs NW, U, HG, ST, SP, MB (AttnLaunch).
 //
 // Entry points (docs/KERNELS.md), e.g. for the tiny geometry's decode:
 //   extern "C" __global__ void __launch_bounds__(q38::AttnPrepLaunch<256, 64, 6, 2, 1>::threads)
@@ -81,22 +84,47 @@ struct AttnPrepLaunch {
   static constexpr int grid_y = (heads + warps - 1) / warps;  // grid = (B*PT, grid_y)
 };
 
-template <int D, int H, int HKV, int PT>
+// Schedule knobs (template parameters; the defaults are the schedule before they existed):
+//   NW  warps along the slots: warp ws takes slots ws·U … ws·U + U − 1 of every block step of
+//       NW·U slots. Changes the arithmetic (which slots a warp's online softmax sees, and the
+//       warp merge over ws = 0 … NW − 1), so it must be one value at every B (batch invariance
+//       across programs), like U and SP.
+//   U   slots per warp and step (the online softmax takes the max over U scores at once).
+//   HG  head groups: the block has NW·HG warps; warp (ws, hg) = ws + NW·hg serves heads
+//       hg·G/HG … of the slots of ws. Scheduling only: a head's arithmetic, and its merge over
+//       ws in order, are those of HG = 1 (fewer registers: q and o of G/HG heads per warp).
+//   ST  0: each warp loads its own K/V into registers, then computes (HG > 1: each head group
+//       loads them again, from L1/L2). ≥ 2: a ring of ST block steps in dynamic shared memory,
+//       filled by cp.async ST − 1 steps ahead, across split boundaries and the merges (no
+//       registers hold loads in flight). Scheduling only (zero-filled slots past the split).
+//   SP  slots per split (the split rule's `split`). Changes the arithmetic: one value at every B.
+//   MB  minimum blocks per SM for __launch_bounds__ (0: not given). Scheduling only.
+template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
+          int SP = 64, int MB = 0>
 struct AttnLaunch {
   static constexpr int G = H / HKV;
-  static constexpr int warps = 8;
+  static constexpr int GH = G / HG;  // heads per warp
+  static constexpr int slot_warps = NW;
+  static constexpr int head_groups = HG;
+  static constexpr int warps = NW * HG;
   static constexpr int threads = 32 * warps;
-  // Slots per warp and step: 8 loads of 16 bytes in flight per lane. At G = 6 this is ~208
-  // registers, still one 256-thread block per SM like U = 2 (~176), so the deeper prefetch is free.
-  static constexpr int unroll = 4;
+  // Slots per warp and step: at U = 4, 8 loads of 16 bytes in flight per lane (ST = 0).
+  static constexpr int unroll = U;
+  static constexpr int stages = ST;
+  static constexpr int min_blocks = MB;
+  static constexpr int step = NW * U;  // slots per block step
   // Split-K: a row of n slots is cut into ns(n) splits of span(n) slots (a multiple of `split`),
   // at most max_splits of them; both depend on n only, never on B or the grid.
-  static constexpr int split = 64;
+  static constexpr int split = SP;
   static constexpr int max_splits = 32;
-  // Heads per round of the in-block warp merge (shared memory sm_o[warps][merge_heads][D]).
-  static constexpr int merge_heads = G % 3 == 0 ? 3 : (G % 2 == 0 ? 2 : 1);
+  // Local heads per round of the in-block warp merge (shared memory sm_o[warps][merge_heads][D]).
+  static constexpr int merge_heads = GH % 3 == 0 ? 3 : (GH % 2 == 0 ? 2 : 1);
   // One split's partial in the scratch: o[G][D] (unnormalised), then m[G], l[G], padded to 16 B.
   static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
+  // ST >= 2: the cp.async ring, ST stages of `step` slots of K then V (bf16 [2][D] per slot).
+  static constexpr int dyn_smem_bytes = ST >= 2 ? ST * step * 2 * D * 2 : 0;
+  static constexpr int static_smem_bytes =
+      (2 * NW * G + warps * merge_heads * D + 2 * max_splits * G + 1) * 4;
   __host__ __device__ static constexpr int span(int n) {
     return split * (((n + split - 1) / split + max_splits - 1) / max_splits);
   }
@@ -105,8 +133,8 @@ struct AttnLaunch {
   __host__ __device__ static constexpr int stride(int tmax) {
     return (tmax + split - 1) / split < max_splits ? (tmax + split - 1) / split : max_splits;
   }
-  // grid = (gx, B*HKV, PT), gx >= 1 free (ops.attn_grid_x); static smem =
-  // (2*warps*G + warps*merge_heads*D + 2*max_splits*G + 1) * 4 bytes
+  // grid = (gx, B*HKV, PT), gx >= 1 free (ops.attn_grid_x); static smem = static_smem_bytes,
+  // dynamic smem = dyn_smem_bytes
 };
 
 // cos/sin of the RoPE angle p·ω_f, ω_f = 1/θ^(2f/RD), as described above.
@@ -190,7 +218,24 @@ __device__ __forceinline__ void attn_prep(const bf16* __restrict__ qkv, int ld,
   }
 }
 
-template <int D, int H, int HKV, int PT>
+// cp.async for the K/V ring (named apart from gemv_q4.cuh's helpers: one program includes both).
+// 16 bytes global -> shared through L2 only; !valid: 16 zero bytes (src-size 0, nothing read).
+__device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void kv_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void kv_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
+          int SP = 64, int MB = 0>
 __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
                                      int ld, const bf16* __restrict__ kc,
                                      const bf16* __restrict__ vc, int tmax,
@@ -199,23 +244,29 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
                                      bf16* __restrict__ o) {
   static_assert(D == 256, "attn: a warp owns one head of 256 dims, 8 per lane");
   static_assert(H % HKV == 0, "attn: H must be a multiple of HKV");
-  using L = AttnLaunch<D, H, HKV, PT>;
-  constexpr int G = L::G, NW = L::warps, U = L::unroll, GR = L::merge_heads, PF = L::part_floats;
-  static_assert(G % GR == 0 && (GR * D) % L::threads == 0, "attn: merge rounds must tile G");
-  static_assert(L::split % (NW * U) == 0, "attn: a split is whole block steps");
-  __shared__ float sm_ml[2][NW][G];                // per warp: running max, running sum
-  __shared__ __align__(16) float sm_o[NW][GR][D];  // per warp: o of GR heads, during the merge
-  __shared__ float sm_w[2][L::max_splits][G];      // split merge: m, l, then the weights
+  using L = AttnLaunch<D, H, HKV, PT, NW, U, HG, ST, SP, MB>;
+  constexpr int G = L::G, GH = L::GH, GR = L::merge_heads, PF = L::part_floats;
+  constexpr int NT = L::threads, STEP = L::step;
+  static_assert(G % HG == 0, "attn: head groups must tile G");
+  static_assert(GH % GR == 0 && (HG * GR * D) % NT == 0, "attn: merge rounds must tile G");
+  static_assert(L::split % STEP == 0, "attn: a split is whole block steps");
+  static_assert(ST == 0 || ST >= 2, "attn: ST is 0 (registers) or a ring of >= 2 stages");
+  constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot in the ring (K, then V)
+  __shared__ float sm_ml[2][NW][G];                     // per slot warp: running max, sum
+  __shared__ __align__(16) float sm_o[NW * HG][GR][D];  // per warp: o of GR heads, in the merge
+  __shared__ float sm_w[2][L::max_splits][G];           // split merge: m, l, then the weights
   __shared__ int s_last;
+  extern __shared__ uint4 kv_ring[];                    // ST >= 2: [ST][STEP][CPS]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ws = warp % NW, hg = warp / NW;  // slot warp, head group (heads hg*GH ...)
   const int b = blockIdx.y / HKV, m = blockIdx.y - b * HKV, t = blockIdx.z;
   const int r = b * PT + t;
   bf16* orow = o + (size_t)r * (H * D) + m * G * D;  // this block's G heads, contiguous
   const int nt = ntok[b], p = pos[b] + t;
   if (t >= nt) {  // padding row: zeros from block x = 0 (uniform over the block, no barrier yet)
     if (blockIdx.x == 0)
-      for (int i = threadIdx.x; i < G * D / 8; i += L::threads)
+      for (int i = threadIdx.x; i < G * D / 8; i += NT)
         reinterpret_cast<uint4*>(orow)[i] = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
@@ -227,46 +278,69 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
 
   // q pre-scaled by log2(e)/√D: scores come out in the log2 domain.
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-  float q[G][8];
+  float q[GH][8];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    unpack_bf16x8(ldg16(qbuf + ((size_t)r * H + m * G + g) * D + lane * 8), q[g]);
+  for (int gl = 0; gl < GH; ++gl) {
+    unpack_bf16x8(ldg16(qbuf + ((size_t)r * H + m * G + hg * GH + gl) * D + lane * 8), q[gl]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[g][i] *= qscale;
+    for (int i = 0; i < 8; ++i) q[gl][i] *= qscale;
   }
 
-  const size_t base = ((size_t)b * HKV + m) * tmax * D + lane * 8;
-  const bf16* kp = kc + base;
-  const bf16* vp = vc + base;
+  const size_t base = ((size_t)b * HKV + m) * tmax * D;
+  const bf16* kp = kc + base + lane * 8;
+  const bf16* vp = vc + base + lane * 8;
+
+  // ST >= 2: the producer walks the block's steps (split pz, step pj) ST − 1 steps ahead of the
+  // consumer, through every split of the block; past the last one it commits empty groups.
+  int pz = blockIdx.x, pj = 0, stage = 0;
+  auto issue = [&](int st) {
+    if (ST >= 2 && pz < ns) {
+      const int s_beg = pz * len + pj * STEP, s_lim = min(n, (pz + 1) * len);
+      uint4* dst = kv_ring + st * (STEP * CPS);
+#pragma unroll
+      for (int k = 0; k < (STEP * CPS + NT - 1) / NT; ++k) {
+        const int c = threadIdx.x + k * NT, sl = c / CPS, h = c - sl * CPS;
+        if ((STEP * CPS) % NT != 0 && c >= STEP * CPS) break;
+        const int s = s_beg + sl;
+        const bool ok = s < s_lim;
+        const bf16* src = (h < D / 8 ? kc : vc) + base + (size_t)(ok ? s : 0) * D +
+                          (h & (D / 8 - 1)) * 8;
+        kv_cp_async16(dst + c, src, ok);
+      }
+      if (s_beg + STEP >= s_lim) {
+        pz += gridDim.x;
+        pj = 0;
+      } else {
+        ++pj;
+      }
+    }
+    kv_cp_async_commit();
+  };
+  if constexpr (ST >= 2) {
+#pragma unroll
+    for (int i = 0; i < ST - 1; ++i) issue(i);
+  }
+
   int mine = 0;  // splits this block computed
   for (int z = blockIdx.x; z < ns; z += gridDim.x, ++mine) {
     const int s_end = min(n, (z + 1) * len);
-    float mx[G], sum[G], acc[G][8];
+    float mx[GH], sum[GH], acc[GH][8];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GH; ++g) {
       mx[g] = -INFINITY;
       sum[g] = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
     }
-    // slot s0 < s_end always: mx becomes finite
-    for (int s0 = z * len + warp * U; s0 < s_end; s0 += NW * U) {
-      uint4 kr[U], vr[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // slots >= s_end are never read
-        if (s0 + u < s_end) {
-          kr[u] = ldg16(kp + (size_t)(s0 + u) * D);
-          vr[u] = ldg16(vp + (size_t)(s0 + u) * D);
-        }
-      }
-      float sc[G][U];
+    // One step of warp ws: slots s0 … s0 + U − 1 (s0 < s_end), K/V in kr, vr (zero past s_end).
+    auto step_math = [&](const uint4 (&kr)[U], const uint4 (&vr)[U], int s0) {
+      float sc[GH][U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float k[8];
         unpack_bf16x8(kr[u], k);
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
+        for (int g = 0; g < GH; ++g) {
           float d = 0.f;
 #pragma unroll
           for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
@@ -277,10 +351,10 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
       for (int u = 0; u < U; ++u)
         if (s0 + u >= s_end)
 #pragma unroll
-          for (int g = 0; g < G; ++g) sc[g][u] = -INFINITY;
+          for (int g = 0; g < GH; ++g) sc[g][u] = -INFINITY;
       // Online softmax: m' = max(m, s_u); o ← o·2^(m−m') + Σ_u 2^(s_u−m') V_u; l likewise.
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
+      for (int g = 0; g < GH; ++g) {
         float mn = mx[g];
 #pragma unroll
         for (int u = 0; u < U; ++u) mn = fmaxf(mn, sc[g][u]);
@@ -300,43 +374,80 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
         float v[8];
         unpack_bf16x8(vr[u], v);
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < GH; ++g)
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(sc[g][u], v[i], acc[g][i]);
       }
+    };
+    if constexpr (ST >= 2) {
+      // Every warp walks all `steps` of the split (the ring's barriers are block-wide); a warp
+      // whose s0 >= s_end skips the math, like the register path's loop bound.
+      const int steps = (s_end - z * len + STEP - 1) / STEP;
+      for (int j = 0; j < steps; ++j) {
+        const int s0 = z * len + j * STEP + ws * U;
+        kv_cp_async_wait<ST - 2>();
+        __syncthreads();  // step j's stage is in; the stage refilled next was read by everyone
+        issue(stage == 0 ? ST - 1 : stage - 1);
+        const uint4* src = kv_ring + stage * (STEP * CPS) + ws * U * CPS + lane;
+        stage = stage + 1 == ST ? 0 : stage + 1;
+        if (s0 >= s_end) continue;  // warp-uniform
+        uint4 kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // zero-filled past s_end, like the register path
+          kr[u] = src[u * CPS];
+          vr[u] = src[u * CPS + D / 8];
+        }
+        step_math(kr, vr, s0);
+      }
+    } else {
+      // slot z*len < s_end always: warp 0's mx becomes finite
+      for (int s0 = z * len + ws * U; s0 < s_end; s0 += STEP) {
+        uint4 kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // slots >= s_end are never read
+          if (s0 + u < s_end) {
+            kr[u] = ldg16(kp + (size_t)(s0 + u) * D);
+            vr[u] = ldg16(vp + (size_t)(s0 + u) * D);
+          }
+        }
+        step_math(kr, vr, s0);
+      }
     }
 
-    // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w − M), o = Σ_w o_w 2^(m_w − M) [/ L].
-    // A warp that got no slot has m_w = −inf, l_w = 0, o_w = 0 and weighs 0; warp 0 always has
-    // the split's first slot, so M is finite. One split (ns = 1): o is final, normalised, gated
-    // and written as bf16. Several: (M, L, unnormalised o) go to this split's partial.
-    float* pz = prow + (size_t)z * PF;
+    // Merge the slot warps, per head: M = max_ws m_ws, L = Σ_ws l_ws 2^(m_ws − M),
+    // o = Σ_ws o_ws 2^(m_ws − M) [/ L], ws = 0, 1, … in order. A warp that got no slot has
+    // m = −inf, l = 0, o = 0 and weighs 0; warp 0 always has the split's first slot, so M is
+    // finite. One split (ns = 1): o is final, normalised, gated and written as bf16. Several:
+    // (M, L, unnormalised o) go to this split's partial.
+    float* pzp = prow + (size_t)z * PF;
     if (lane == 0) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        sm_ml[0][warp][g] = mx[g];
-        sm_ml[1][warp][g] = sum[g];
+      for (int g = 0; g < GH; ++g) {
+        sm_ml[0][ws][hg * GH + g] = mx[g];
+        sm_ml[1][ws][hg * GH + g] = sum[g];
       }
     }
     __syncthreads();
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int gl = 0; gl < GH; ++gl) {
+      const int g = hg * GH + gl;
       float M = -INFINITY, Ls = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_ml[0][w][g]);
 #pragma unroll
       for (int w = 0; w < NW; ++w) Ls += sm_ml[1][w][g] * exp2f(sm_ml[0][w][g] - M);
-      const float e = exp2f(mx[g] - M);
+      const float e = exp2f(mx[gl] - M);
       const float f = ns == 1 ? e / Ls : e;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= f;
-      if (ns > 1 && threadIdx.x == 0) {
-        pz[G * D + g] = M;
-        pz[G * D + G + g] = Ls;
+      for (int i = 0; i < 8; ++i) acc[gl][i] *= f;
+      if (ns > 1 && ws == 0 && lane == 0) {
+        pzp[G * D + g] = M;
+        pzp[G * D + G + g] = Ls;
       }
     }
 #pragma unroll
-    for (int g0 = 0; g0 < G; g0 += GR) {
+    for (int g0 = 0; g0 < GH; g0 += GR) {
 #pragma unroll
       for (int gg = 0; gg < GR; ++gg) {
         float4* dst = reinterpret_cast<float4*>(&sm_o[warp][gg][lane * 8]);
@@ -345,16 +456,17 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
       }
       __syncthreads();
 #pragma unroll
-      for (int k = 0; k < GR * D / L::threads; ++k) {
-        const int idx = threadIdx.x + k * L::threads, gg = idx / D, d = idx - gg * D;
-        const int g = g0 + gg;
+      for (int k = 0; k < HG * GR * D / NT; ++k) {
+        const int idx = threadIdx.x + k * NT, hh = idx / (GR * D), rem = idx - hh * (GR * D);
+        const int gg = rem / D, d = rem - gg * D;
+        const int g = hh * GH + g0 + gg;
         float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) s += sm_o[w][gg][d];
+        for (int w = 0; w < NW; ++w) s += sm_o[hh * NW + w][gg][d];
         if (ns == 1)
           orow[g * D + d] = to_bf(s * sigmoidf_(to_f(gate[2 * D * (m * G + g) + d])));
         else
-          pz[g * D + d] = s;
+          pzp[g * D + d] = s;
       }
       __syncthreads();  // sm_o (and sm_ml) are rewritten next
     }

@@ -39,6 +39,13 @@ if [ -n "${SWEEP:-}" ]; then
   note "gemv sweep" "rc=$rc"
 fi
 
+if [ -n "${ATTN_SWEEP:-}" ]; then  # cubin from `python3 scripts/attn_sweep.py build` (CPU machine)
+  section "attn sweep ($ATTN_SWEEP)"
+  python3 scripts/attn_sweep.py run "$ATTN_SWEEP" "$OUT/attn_sweep.json" > /tmp/asw.log 2>&1; rc=$?
+  cat /tmp/asw.log; cp /tmp/asw.log "$OUT/attn_sweep.txt"
+  note "attn sweep" "rc=$rc"
+fi
+
 if [ -n "${PROFILE:-}" ]; then
   section "ncu gemv ($PROFILE)"
   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
