@@ -48,16 +48,16 @@ extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
         if smem + static > 48 * 1024:
             import pycuda.driver as drv
             fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        fn.q38_smem = smem
-        _MODS[key] = fn
+        _MODS[key] = (fn, smem)
     return _MODS[key]
 
 
-def _run(fn, qw, sc, x, y, N, R, mt, nt, ks):
+def _run(k, qw, sc, x, y, N, R, mt, nt, ks):
+    fn, smem = k
     np_rows = qw.shape[0] * 16
     grid = (np_rows // (16 * mt), -(-R // (8 * nt)))
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
-       np.int32(N), np.int32(R), block=(32 * ks, 1, 1), grid=grid, shared=fn.q38_smem)
+       np.int32(N), np.int32(R), block=(32 * ks, 1, 1), grid=grid, shared=smem)
 
 
 def _weights(rng, N, K):
