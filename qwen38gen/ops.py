@@ -82,18 +82,6 @@ def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     return 1, 2, 0, 0
 
 
-def gemv_tile(R: int, btg: int) -> int:
-    """Activation rows per block of a GEMV over R rows: the lane's btg for a decode step
-    (R = B <= btg, or B tiled over grid.y), and for the multi-row passes (prefill chunks, the
-    mtp verify) the smallest tile of 16 or 32 that holds them, else 32: each tile is one more pass
-    over the weights, and on an H200 one 32-row pass costs less than two 16-row ones (the sweep
-    in bench/NOTES.md, version 2). Bit-neutral like the schedule knobs."""
-    for t in (8, 16, 32):
-        if t >= btg and t >= R:
-            return t
-    return max(btg, 32)
-
-
 def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
     """Dynamic shared memory of a gemv_q4 instance (GemvLaunch::dyn_smem_bytes)."""
     return a * min(GEMV_KS, k // 128) * st * mt * 66 * 16
@@ -494,13 +482,14 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     plan.tensors = {n: raw_dtype(n) for n in raw}
 
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
-        """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows."""
+        """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows by btg.
+        (Bigger tiles for the multi-row passes were tried: a 32-row tile made the B = 16 mtp
+        verify step 8 % slower on an H200, one block per SM at grid.y = 1; bench/NOTES.md.)"""
         w = plan.weights[wname]
-        tile = gemv_tile(R, btg)
-        mt, st, xs, a = gemv_config(w["rows"], w["k"], tile)
-        e = plan.entry(gemv_entry(w["k"], tile, epi, mt, st, xs, a))
+        mt, st, xs, a = gemv_config(w["rows"], w["k"], btg)
+        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs, a))
         n_out = w["rows"]
-        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1],
+        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1],
                 "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
                          ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
 
