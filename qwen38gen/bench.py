@@ -77,18 +77,37 @@ def fill_state(rt: Runtime, ctx: int, seed: int = 1):
     rt.stream.synchronize()
 
 
-def time_graph(rt: Runtime, ctx: int, warmup: int, reps: int) -> list[float]:
+def time_back_to_back(drv, stream, launch, reps: int, warmup: int = 3) -> float:
+    """Seconds per call of launch(i) (i = 0, 1, …: pick a buffer) enqueued back to back on
+    stream, after warmup calls; one pair of events around the timed ones."""
+    for i in range(warmup):
+        launch(i)
+    e0, e1 = drv.Event(), drv.Event()
+    e0.record(stream)
+    for i in range(reps):
+        launch(i)
+    e1.record(stream)
+    e1.synchronize()
+    return e1.time_since(e0) / 1e3 / reps
+
+
+def time_graph(rt: Runtime, ctx: int, warmup: int, reps: int, phase: str = "decode",
+               after=None) -> list[float]:
+    """Seconds per replay of a phase's graph, each from position ctx; `after()` runs after every
+    timed replay."""
     drv = rt.drv
     out = []
     for i in range(warmup + reps):
         rt.put("pos", np.full(rt.B, ctx, np.int32))   # every replay sees T = ctx
         e0, e1 = drv.Event(), drv.Event()
         e0.record(rt.stream)
-        rt.run_phase("decode")
+        rt.run_phase(phase)
         e1.record(rt.stream)
         e1.synchronize()
         if i >= warmup:
             out.append(e1.time_since(e0) / 1e3)
+            if after:
+                after()
     return out
 
 

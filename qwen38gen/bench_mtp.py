@@ -44,18 +44,9 @@ class MtpRow:
 
 def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[float], float]:
     """Replays of the verify graph from position ctx; (seconds per replay, mean count)."""
-    drv, B = rt.drv, rt.B
-    out, counts = [], []
-    for i in range(warmup + reps):
-        rt.put("pos", np.full(B, ctx, np.int32))
-        e0, e1 = drv.Event(), drv.Event()
-        e0.record(rt.stream)
-        rt.run_phase("verify")
-        e1.record(rt.stream)
-        e1.synchronize()
-        if i >= warmup:
-            out.append(e1.time_since(e0) / 1e3)
-            counts.append(float(rt.get("count").mean()))
+    counts: list[float] = []
+    out = time_graph(rt, ctx, warmup, reps, "verify",
+                     after=lambda: counts.append(float(rt.get("count").mean())))
     return out, statistics.mean(counts)
 
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -164,6 +165,18 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
     for k in kernels:
         k.threads = threads.get(k.name)
     return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels)
+
+
+def compile_kernels(source: str, name: str) -> GateResult:
+    """compile_source for a translation unit over kernels/ (the sweep scripts' variants): a
+    compile error is printed with its log and exits 1."""
+    from .emit import KERNELS_DIR
+
+    try:
+        return compile_source(source, name, include_dirs=(str(KERNELS_DIR),))
+    except CompileError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def load_manifest(cu_path: Path) -> dict | None:

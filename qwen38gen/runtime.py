@@ -90,6 +90,19 @@ class Launch:
     pdl: object = None   # launch.Prepared when the step is launched with PDL
 
 
+def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk c of a prefill: token rows [B·pt] (row b·pt + t = token c·pt + t of prompt b, 0
+    past its end) and ntok [B] (how many rows of each sequence are real)."""
+    B = len(prompts)
+    toks = np.zeros(B * pt, np.int32)
+    ntok = np.zeros(B, np.int32)
+    for b, p in enumerate(prompts):
+        piece = p[c * pt:(c + 1) * pt]
+        ntok[b] = len(piece)
+        toks[b * pt:b * pt + len(piece)] = piece
+    return toks, ntok
+
+
 def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate the packed parts of one fused weight along the row-tile axis.
 
@@ -365,12 +378,7 @@ class Runtime:
         first = [None] * B
         nchunks = max(-(-len(p) // pt) for p in padded)
         for c in range(nchunks):
-            toks = np.zeros(B * pt, np.int32)
-            ntok = np.zeros(B, np.int32)
-            for b, p in enumerate(padded):
-                piece = p[c * pt:(c + 1) * pt]
-                ntok[b] = len(piece)
-                toks[b * pt:b * pt + len(piece)] = piece
+            toks, ntok = prompt_chunk(padded, c, pt)
             self.put("tokens", toks)
             self.put("ntok", ntok)
             self.run_phase("prefill")

@@ -36,6 +36,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .errors import UserError
+from .runtime import prompt_chunk
 from .speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]
@@ -96,14 +97,10 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
 
     # ---- prefill chunks (target + MTP rows over the chunk)
     for c in range(max(nch)):
-        toks = np.zeros(B * pt, np.int32)
-        mnext = np.zeros(B * pt, np.int32)
-        ntok = np.zeros(B, np.int32)
+        toks, ntok = prompt_chunk(padded, c, pt)
+        mnext = np.zeros(B * pt, np.int32)   # each row's next prompt token, −1: the sampled one
         for b, p in enumerate(padded):
-            piece = p[c * pt:(c + 1) * pt]
-            ntok[b] = len(piece)
-            toks[b * pt:b * pt + len(piece)] = piece
-            for t in range(len(piece)):
+            for t in range(ntok[b]):
                 i = c * pt + t + 1
                 mnext[b * pt + t] = p[i] if i < len(p) else -1
         ex.put("tokens", toks)

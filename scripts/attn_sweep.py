@@ -18,15 +18,14 @@ must be 0 again after every launch (checked at the end of each variant).
 from __future__ import annotations
 
 import json
-import math
-import re
-import subprocess
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from qwen38gen.gate import compile_kernels  # noqa: E402
 
 D, H, HKV, PT = 256, 24, 4, 1
 G = H // HKV
@@ -127,42 +126,30 @@ def occupancy(v, regs, smem_static):
 
 
 def build(cubin: str):
-    with tempfile.TemporaryDirectory() as d:
-        cu = Path(d) / "attn_sweep.cu"
-        cu.write_text(source())
-        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
-               f"-I{ROOT / 'kernels'}", str(cu), "-o", cubin]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            print(r.stderr)
-            sys.exit(1)
-        info, cur = {}, None
-        for line in r.stderr.splitlines():
-            if "Compiling entry function" in line:
-                cur = line.split("'")[1]
-                info[cur] = {"regs": 0, "smem": 0, "spill": ""}
-            elif cur and "Used" in line:
-                info[cur]["regs"] = int(re.search(r"Used (\d+) registers", line).group(1))
-                sm = re.search(r"(\d+) bytes smem", line)
-                info[cur]["smem"] = int(sm.group(1)) if sm else 0
-            elif cur and re.search(r"[1-9]\d* bytes (stack|spill)", line):
-                info[cur]["spill"] = line.strip()
-        print(f"{'variant':36s} {'thr':>4s} {'regs':>4s} {'smem':>6s} {'dyn':>6s} blk/SM warps/SM")
-        for v in VARIANTS:
-            i = info[name(v)]
-            i["blocks_per_sm"] = occupancy(v, i["regs"], i["smem"])
-            i["dyn_smem"] = dyn_smem(v)
-            print(f"{name(v):36s} {threads(v):4d} {i['regs']:4d} {i['smem']:6d} {dyn_smem(v):6d} "
-                  f"{i['blocks_per_sm']:6d} {i['blocks_per_sm'] * threads(v) // 32:8d}"
-                  + (f"  SPILL {i['spill']}" if i["spill"] else ""))
-        Path(cubin + ".regs.json").write_text(json.dumps(info, indent=1))
-        print(f"{len(VARIANTS)} variants -> {cubin}")
+    res = compile_kernels(source(), "attn_sweep.cu")
+    shutil.copyfile(res.cubin, cubin)
+    info = {k.name: {"regs": k.registers, "smem": k.smem,
+                     "spill": (f"{k.spill_stores}/{k.spill_loads} B spilled, stack {k.stack} B"
+                               if k.spill_stores or k.spill_loads or k.stack else "")}
+            for k in res.kernels}
+    print(f"{'variant':36s} {'thr':>4s} {'regs':>4s} {'smem':>6s} {'dyn':>6s} blk/SM warps/SM")
+    for v in VARIANTS:
+        i = info[name(v)]
+        i["blocks_per_sm"] = occupancy(v, i["regs"], i["smem"])
+        i["dyn_smem"] = dyn_smem(v)
+        print(f"{name(v):36s} {threads(v):4d} {i['regs']:4d} {i['smem']:6d} {dyn_smem(v):6d} "
+              f"{i['blocks_per_sm']:6d} {i['blocks_per_sm'] * threads(v) // 32:8d}"
+              + (f"  SPILL {i['spill']}" if i["spill"] else ""))
+    Path(cubin + ".regs.json").write_text(json.dumps(info, indent=1))
+    print(f"{len(VARIANTS)} variants -> {cubin}")
 
 
 def run(cubin: str, reps: int = 30):
     import numpy as np
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
+
+    from qwen38gen.bench import time_back_to_back
 
     mod = drv.module_from_file(cubin)
     info = json.loads(Path(cubin + ".regs.json").read_text())
@@ -227,15 +214,7 @@ def run(cubin: str, reps: int = 30):
                 err = float(max(np.linalg.norm(outf[b] - r0[b]) / np.linalg.norm(r0[b])
                                 for b in range(B)))
                 ok = same and np.all(np.isfinite(outf)) and err < TOL
-                for i in range(3):
-                    launch(i)
-                e0, e1 = drv.Event(), drv.Event()
-                e0.record(s)
-                for i in range(reps):
-                    launch(i)
-                e1.record(s)
-                e1.synchronize()
-                t = e1.time_since(e0) / 1e3 / reps
+                t = time_back_to_back(drv, s, launch, reps)
                 counters = int(np.count_nonzero(drv.from_device(arr, (B, HKV), np.int32)))
                 results.append({"B": B, "T": T, "variant": list(v), "name": nm, "gx": gx,
                                 "us": t * 1e6, "gbs": kvbytes / t / 1e9, "bitwise_class": same,

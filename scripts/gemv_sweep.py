@@ -1,6 +1,6 @@
 """Sweep the gemv_q4 schedule knobs (MT, ST, XS at each NT) over the 27B decode shapes.
 
-  python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (slow part)
+  python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (gate cache)
   python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
 
 Every instance of one NT must give bitwise the same y (the knobs only reschedule the same
@@ -11,13 +11,14 @@ The weights rotate over a pool of distinct copies larger than L2, so no launch r
 from __future__ import annotations
 
 import json
-import re
-import subprocess
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from qwen38gen.gate import compile_kernels  # noqa: E402
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
@@ -78,34 +79,21 @@ def source() -> str:
 
 
 def build(cubin: str):
-    with tempfile.TemporaryDirectory() as d:
-        cu = Path(d) / "sweep.cu"
-        cu.write_text(source())
-        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
-               f"-I{ROOT / 'kernels'}", str(cu), "-o", cubin]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            print(r.stderr)
-            sys.exit(1)
-        regs = {}
-        cur = None
-        for line in r.stderr.splitlines():
-            if "Compiling entry function" in line:
-                cur = line.split("'")[1]
-            if "Used" in line and cur:
-                regs[cur] = line.strip()
-            if "spill" in line and cur and re.search(r"[1-9]\d* bytes (stack|spill)", line):
-                regs[cur + ":spill"] = line.strip()
-        for k in [k for k in regs if k.endswith(":spill")]:
-            regs[k[:-6]] = regs.get(k[:-6], "") + " SPILL " + regs.pop(k)
-        Path(cubin + ".regs.json").write_text(json.dumps(regs, indent=1))
-        print(f"{len(list(instances()))} instances -> {cubin}")
+    res = compile_kernels(source(), "gemv_sweep.cu")
+    shutil.copyfile(res.cubin, cubin)
+    regs = {k.name: f"Used {k.registers} registers, {k.smem} bytes smem"
+            + (f" SPILL {k.spill_stores}/{k.spill_loads} B, stack {k.stack} B"
+               if k.spill_stores or k.spill_loads or k.stack else "") for k in res.kernels}
+    Path(cubin + ".regs.json").write_text(json.dumps(regs, indent=1))
+    print(f"{len(list(instances()))} instances -> {cubin}")
 
 
 def run(cubin: str, reps: int = 20):
     import numpy as np
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
+
+    from qwen38gen.bench import time_back_to_back
 
     mod = drv.module_from_file(cubin)
     regs = json.loads(Path(cubin + ".regs.json").read_text())
@@ -156,15 +144,7 @@ def run(cubin: str, reps: int = 20):
                 same = True if ref is None else bool(np.array_equal(out, ref))
                 if ref is None:
                     ref = out
-                for i in range(3):
-                    launch(i)
-                e0, e1 = drv.Event(), drv.Event()
-                e0.record(s)
-                for i in range(reps):
-                    launch(i)
-                e1.record(s)
-                e1.synchronize()
-                t = e1.time_since(e0) / 1e3 / reps
+                t = time_back_to_back(drv, s, launch, reps)
                 results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt,
                                 "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
                                 "bitwise_same": same, "count": count,
