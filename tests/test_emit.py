@@ -113,3 +113,16 @@ def test_cli_emit_default_name_twice_identical(tmp_path):
     first = (tmp_path / files[0]).read_bytes()
     assert _cli("emit", "--batch", "16", cwd=tmp_path).returncode == 0
     assert (tmp_path / files[0]).read_bytes() == first
+
+
+def test_prompt_chunk_rows_and_counts():
+    """Prefill chunk c of prompts of 1, 5 and 20 tokens at pt 4: row b·pt + t holds token
+    c·pt + t of prompt b (0 past its end), ntok counts the real rows."""
+    from qwen38gen.runtime import prompt_chunk
+
+    prompts = [[7], [1, 2, 3, 4, 5], list(range(100, 120))]
+    toks, ntok = prompt_chunk(prompts, 1, 4)
+    assert ntok.tolist() == [0, 1, 4]
+    assert toks.tolist() == [0, 0, 0, 0, 5, 0, 0, 0, 104, 105, 106, 107]
+    toks, ntok = prompt_chunk(prompts, 0, 4)
+    assert ntok.tolist() == [1, 4, 4] and toks[:5].tolist() == [7, 0, 0, 0, 1]
