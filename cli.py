@@ -427,18 +427,20 @@ def check(**lane_kw):
         from qwen38gen.check import check_spec
 
         res = check_spec(lanes, g)
-        _outcome_table(f"check {lanes.name}: speculative streams vs the golden greedy streams",
-                       ("mode", "slot", "golden", "prompt", "tokens", "acceptance",
-                        "target passes", "status"), res)
-        n_ok = sum(r[-1] == "ok" for r in res.rows)
-        out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} runs")
-        sys.exit(0 if res.ok else 1)
+        _verdict(f"check {lanes.name}: speculative streams vs the golden greedy streams",
+                 ("mode", "slot", "golden", "prompt", "tokens", "acceptance", "target passes",
+                  "status"), res, "runs")
     res = check_gpu(lanes, g)
-    _outcome_table(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
-                   ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax",
-                    "state err", "status"), res)
+    _verdict(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
+             ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax", "state err",
+              "status"), res, "sequences")
+
+
+def _verdict(title: str, columns: tuple, res, unit: str):
+    """The outcome table, then PASS/FAIL with the count of ok rows; exit 0 or 1."""
+    _outcome_table(title, columns, res)
     n_ok = sum(r[-1] == "ok" for r in res.rows)
-    out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} sequences")
+    out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}")
     sys.exit(0 if res.ok else 1)
 
 

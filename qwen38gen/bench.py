@@ -137,9 +137,8 @@ def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
 
 def kind_bytes(cfg: ModelConfig, B: int, ctx: int) -> dict[str, float]:
     """Bytes each kind of kernel must move in one step (the floor model's terms)."""
-    return {"gemv": cfg.int4_weight_bytes(),
-            "delta rule": B * 2 * (cfg.recurrent_state_bytes + cfg.conv_state_bytes),
-            "attention": B * ctx * cfg.kv_bytes_per_token}
+    f = cfg.floor_parts(B, ctx)
+    return {"gemv": f["weights"], "delta rule": f["state"], "attention": f["kv"]}
 
 
 def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, float]:

@@ -313,11 +313,16 @@ class ModelConfig:
         """Per-sequence state at ctx cached tokens: recurrent + conv + KV (MTP KV excluded)."""
         return self.recurrent_state_bytes + self.conv_state_bytes + ctx * self.kv_bytes_per_token
 
+    def floor_parts(self, batch: int, ctx: int, lm_head_bf16: bool = False) -> dict[str, float]:
+        """The floor's bytes per decode step by what moves them: the int4 weights, the GDN state
+        (recurrent + conv ring, read and written) and the KV cache read."""
+        return {"weights": self.int4_weight_bytes(lm_head_bf16),
+                "state": batch * 2 * (self.recurrent_state_bytes + self.conv_state_bytes),
+                "kv": batch * ctx * self.kv_bytes_per_token}
+
     def floor_bytes(self, batch: int, ctx: int, lm_head_bf16: bool = False) -> float:
         """PERF.md: W + B·(recurrent r+w + conv r+w + T·KV) bytes per decode step."""
-        per_seq = 2 * self.recurrent_state_bytes + 2 * self.conv_state_bytes
-        per_seq += ctx * self.kv_bytes_per_token
-        return self.int4_weight_bytes(lm_head_bf16) + batch * per_seq
+        return sum(self.floor_parts(batch, ctx, lm_head_bf16).values())
 
     def floor_seconds(self, batch: int, ctx: int, bandwidth: float, lm_head_bf16: bool = False) -> float:
         """Floor of one decode step at a copy bandwidth in bytes/s."""

@@ -39,6 +39,15 @@ def _drv():
     return drv
 
 
+def allow_dynamic_smem(fn, nbytes: int):
+    """Opt a PyCUDA function in to nbytes of dynamic shared memory. Needed whenever static plus
+    dynamic passes 48 KiB, which the dynamic size alone does not tell, so it is set for any."""
+    if nbytes > 0:
+        import pycuda.driver as drv
+
+        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+
+
 def _host(arr: np.ndarray) -> np.ndarray:
     """Contiguous bytes PyCUDA can copy (it cannot buffer ml_dtypes' bfloat16: view as uint16)."""
     a = np.ascontiguousarray(arr)
@@ -196,8 +205,7 @@ class Runtime:
             self.fns = {}
             for name, k in manifest["kernels"].items():
                 fn = self.mod.get_function(name)
-                if k["smem"] > 0:  # static + dynamic may pass 48 KiB even below it
-                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k["smem"])
+                allow_dynamic_smem(fn, k["smem"])
                 self.fns[name] = fn
             # The same functions once more through libcuda, for launches with PDL (launch.py).
             self.pdl = (launch.PdlModule(Path(cubin).read_bytes(), manifest["kernels"])

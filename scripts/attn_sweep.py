@@ -150,6 +150,7 @@ def run(cubin: str, reps: int = 30):
     import pycuda.driver as drv
 
     from qwen38gen.bench import time_back_to_back
+    from qwen38gen.runtime import allow_dynamic_smem
 
     mod = drv.module_from_file(cubin)
     info = json.loads(Path(cubin + ".regs.json").read_text())
@@ -185,8 +186,7 @@ def run(cubin: str, reps: int = 30):
                 continue
             fn = mod.get_function(nm)
             sm = dyn_smem(v)
-            if sm > 48 * 1024:
-                fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
+            allow_dynamic_smem(fn, sm)
             gx0 = grid_x(B * HKV * PT)
             for gx in sorted({gx0, min(MAX_SPLITS, 2 * gx0)}):
                 grid, block = (gx, B * HKV, PT), (threads(v), 1, 1)

@@ -94,6 +94,7 @@ def run(cubin: str, reps: int = 20):
     import pycuda.driver as drv
 
     from qwen38gen.bench import time_back_to_back
+    from qwen38gen.runtime import allow_dynamic_smem
 
     mod = drv.module_from_file(cubin)
     regs = json.loads(Path(cubin + ".regs.json").read_text())
@@ -125,8 +126,7 @@ def run(cubin: str, reps: int = 20):
                 fn = mod.get_function(name(K, nt, cfg))
                 mt = cfg[1]
                 sm = smem_of(K, cfg)
-                if sm > 48 * 1024:
-                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
+                allow_dynamic_smem(fn, sm)
                 grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
                 block = (32 * ks_of(K), 1, 1)
 
@@ -166,6 +166,8 @@ def profile(cubin: str):
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
+    from qwen38gen.runtime import allow_dynamic_smem
+
     mod = drv.module_from_file(cubin)
     shapes = {s[0]: s for s in SHAPES}
     for sname, nt, cfg in PROFILE:
@@ -179,8 +181,7 @@ def profile(cubin: str):
         y = drv.mem_alloc(R * N * 2)
         fn = mod.get_function(name(K, nt, cfg))
         sm = smem_of(K, cfg)
-        if sm > 48 * 1024:
-            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, sm)
+        allow_dynamic_smem(fn, sm)
         fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
            grid=(N // (16 * cfg[1]), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1), shared=sm)
         drv.Context.synchronize()

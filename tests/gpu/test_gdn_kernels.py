@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu import ref_ops
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
@@ -124,8 +125,7 @@ def kernel(mod, geom: str, pt: int, ns: int):
     got = dict(zip(("threads", "cluster", "smem", "blocks_per_seq", "min_blocks"), map(int, c)))
     assert got == launch_py(GEOMS[geom], pt, ns)
     fn = mod.get_function(n)
-    if got["smem"] > 48 * 1024:
-        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, got["smem"])
+    allow_dynamic_smem(fn, got["smem"])
     return fn, got
 
 

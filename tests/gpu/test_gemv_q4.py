@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from qwen38gen import weights as wq
+from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
 # (N, K): the tiny geometry's fused shapes, a 27B-like K, and N not a multiple of 16.
@@ -44,10 +45,7 @@ extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 """
         fn = build(src).get_function(name)
         smem = a * ks * st * mt * 66 * 16       # GemvLaunch::dyn_smem_bytes
-        static = ks * mt * nt * 4 * 32 * 4 if ks > 1 else 0
-        if smem + static > 48 * 1024:
-            import pycuda.driver as drv
-            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        allow_dynamic_smem(fn, smem)
         _MODS[key] = (fn, smem)
     return _MODS[key]
 

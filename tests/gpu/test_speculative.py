@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu import ref_ops
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 from tests.gpu.test_gdn_kernels import ARGS, EPS, GEOMS, K, PARAMS, TOL, make_inputs, seed_of
@@ -92,8 +93,7 @@ def test_gdn_slots(mod, v):
     drv.memcpy_dtoh(c, ptr)
     threads, smem, bps = map(int, c)
     fn = mod.get_function(n)
-    if smem > 48 * 1024:
-        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+    allow_dynamic_smem(fn, smem)
     d_ring, d_state = to_gpu(ring.astype(BF16)), to_gpu(state.astype(np.float32))
     d_arr = to_gpu(np.zeros(B * g.hk, np.int32))
     d_out = poisoned((B * pt, g.Cv), BF16)
