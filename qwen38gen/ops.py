@@ -101,6 +101,55 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
                  asserts=(f"q38::GemvLaunch<{mt}, {nt}, {ks}, {st}, {a}>::dyn_smem_bytes == {smem}",))
 
 
+# gemm_q4 (kernels/gemm_q4.cuh): gemv_q4's arithmetic with the activations shared by the warps
+# of a block through a cp.async ring; used from a batch tile of GEMM_MIN_BTG rows. ZS blocks
+# split K's parts when the row blocks alone would not fill the GPU.
+GEMM_MIN_BTG = 16
+GEMM_SMS = 132           # an H200's SMs: the grid the ZS split aims to fill
+GEMM_PARAMS = GEMV_PARAMS + (("float*", "part"), ("int*", "arrivals"))
+
+
+def gemm_config(rows: int, k: int, btg: int) -> tuple[int, int, int]:
+    """(MT, WR, ST) of gemm_q4 for a weight of `rows` x `k` at batch tile btg: m-tiles per warp,
+    warps per block, ring stages. Scheduling only: a row's result is gemv_q4's."""
+    return (2, 8, 3) if btg >= 32 else (2, 8, 4)
+
+
+def gemm_smem(k: int, mt: int, nt: int, wr: int, st: int, zs: int) -> int:
+    """Dynamic shared memory of a gemm_q4 instance (GemmLaunch::dyn_smem_bytes)."""
+    ks = min(GEMV_KS, k // 128)
+    sums = wr * mt * nt * 4 * 32 * 4 if ks > 1 and zs == 1 else 0
+    return st * (8 * nt * 17 + wr * mt * 66) * 16 + sums
+
+
+def gemm_split(blocks: int, k: int, btg: int) -> int:
+    """ZS: the fewest blocks per row block (a divisor of KS) that give the launch about one
+    wave of resident blocks (one per SM from btg 32, two below)."""
+    ks = min(GEMV_KS, k // 128)
+    want = GEMM_SMS * (1 if btg >= 32 else 2)
+    zs = 1
+    while zs < ks and blocks * zs < want and ks % (2 * zs) == 0:
+        zs *= 2
+    return zs
+
+
+def gemm_entry(k: int, btg: int, epi: int, mt: int, wr: int, st: int, zs: int) -> Entry:
+    ks = min(GEMV_KS, k // 128)
+    nt = btg // 8
+    smem = gemm_smem(k, mt, nt, wr, st, zs)
+    targs = f"{k}, {mt}, {nt}, {ks}, {epi}, {wr}, {st}, {zs}"
+    return Entry(name=f"q38_gemv_k{k}_g{mt}_n{nt}_w{wr}_s{ks}_e{epi}_st{st}_z{zs}",
+                 call=f"q38::gemm_q4<{targs}>", params=GEMM_PARAMS, threads=32 * wr, smem=smem,
+                 waits=True, min_blocks=1,
+                 asserts=(f"q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::dyn_smem_bytes "
+                          f"== {smem}",))
+
+
+def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
+    """fp32 partials per row block of a ZS > 1 launch (GemmLaunch::part_floats)."""
+    return min(GEMV_KS, k // 128) * wr * mt * nt * 4 * 32
+
+
 # ------------------------------------------------------------------------------------ plan
 @dataclass
 class Plan:
@@ -282,8 +331,19 @@ ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H20
 # attn schedule (AttnLaunch's knobs, scripts/attn_sweep.py). NW (slot warps) and U (slots per warp
 # step) fix the order of a row's arithmetic, like ATTN_SPLIT: one value for every B. HG (head
 # groups), ST (cp.async ring stages, 0: registers) and MB (min blocks per SM) only reschedule it.
-ATTN_NW, ATTN_U = 8, 4
-ATTN_HG, ATTN_ST, ATTN_MB = 1, 0, 0
+# Measured on an H200 (bench/2026-12-02-h200-attn-sweep.txt): 4 slot warps with a 4-stage K/V
+# ring in shared memory take a layer from 64.7 to 50.1 us at B = 16 and from 204.8 to 153.0 us at
+# B = 64; with few (row, kv head) pairs, 3 head groups per block do better (B = 1: 16.2 -> 13.4 us).
+ATTN_NW, ATTN_U = 4, 4
+ATTN_ST, ATTN_MB = 4, 0
+ATTN_HG_FEW = 3         # head groups when a launch has at most ATTN_FEW_PAIRS (row, kv head) pairs
+ATTN_FEW_PAIRS = 16
+
+
+def attn_head_groups(cfg: ModelConfig, pairs: int) -> int:
+    """HG for a launch over `pairs` (row, kv head) pairs: scheduling only (attention.cuh)."""
+    g = cfg.num_attention_heads // cfg.num_key_value_heads
+    return ATTN_HG_FEW if pairs <= ATTN_FEW_PAIRS and g % ATTN_HG_FEW == 0 else 1
 
 
 def attn_span(n: int) -> int:
@@ -322,14 +382,14 @@ def attn_smem(cfg: ModelConfig) -> int:
     return ATTN_ST * ATTN_NW * ATTN_U * 2 * cfg.head_dim * 2 if ATTN_ST >= 2 else 0
 
 
-def attn_entry(cfg: ModelConfig, pt: int) -> Entry:
+def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    targs = (f"{d}, {h}, {hkv}, {pt}, {ATTN_NW}, {ATTN_U}, {ATTN_HG}, {ATTN_ST}, {ATTN_SPLIT}, "
+    targs = (f"{d}, {h}, {hkv}, {pt}, {ATTN_NW}, {ATTN_U}, {hg}, {ATTN_ST}, {ATTN_SPLIT}, "
              f"{ATTN_MB}")
     A = f"q38::AttnLaunch<{targs}>"
-    threads, smem = 32 * ATTN_NW * ATTN_HG, attn_smem(cfg)
+    threads, smem = 32 * ATTN_NW * hg, attn_smem(cfg)
     return Entry(
-        f"q38_attn_pt{pt}", f"q38::attn<{targs}>",
+        f"q38_attn_pt{pt}" + (f"_hg{hg}" if hg > 1 else ""), f"q38::attn<{targs}>",
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
          (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
          ("q38::bf16*", "o")),
@@ -378,7 +438,7 @@ def advance_entry() -> Entry:
 
 
 # ------------------------------------------------------------------------------------ program
-HEADERS = ["common.cuh", "gemv_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
+HEADERS = ["common.cuh", "gemv_q4.cuh", "gemm_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
            "elementwise.cuh", "rows.cuh"]
 MTP_HEADERS = ["speculative.cuh"]
 
@@ -481,23 +541,35 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     raw = [n for n, s in cfg.tensor_shapes(mtp=bool(K)).items() if not cfg.is_int4(n, s)]
     plan.tensors = {n: raw_dtype(n) for n in raw}
 
+    scratch = {"part": 1, "arrivals": 1}   # gemm_q4's ZS > 1 scratch, the most any launch needs
+
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows by btg.
         (Bigger tiles for the multi-row passes were tried: a 32-row tile made the B = 16 mtp
         verify step 8 % slower on an H200, one block per SM at grid.y = 1; bench/NOTES.md.)"""
         w = plan.weights[wname]
-        mt, st, xs, a = gemv_config(w["rows"], w["k"], btg)
-        e = plan.entry(gemv_entry(w["k"], btg, epi, mt, st, xs, a))
-        n_out = w["rows"]
-        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1],
-                "args": [["w", wname, "qweight"], ["w", wname, "scales"], buf(x),
-                         ["i32", ldx or w["k"]], buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]}
+        n_out, k = w["rows"], w["k"]
+        args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
+                buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
+        if btg >= GEMM_MIN_BTG:
+            mt, wr, st = gemm_config(n_out, k, btg)
+            gx, gy = cdiv(cdiv(n_out, 16), mt * wr), cdiv(R, btg)
+            zs = gemm_split(gx * gy, k, btg)
+            e = plan.entry(gemm_entry(k, btg, epi, mt, wr, st, zs))
+            if zs > 1:
+                scratch["part"] = max(scratch["part"], gemm_part_floats(k, mt, btg // 8, wr) * gx * gy)
+                scratch["arrivals"] = max(scratch["arrivals"], gx * gy)
+            return {"k": e.name, "grid": [gx, gy, zs],
+                    "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
+        mt, st, xs, a = gemv_config(n_out, k, btg)
+        e = plan.entry(gemv_entry(k, btg, epi, mt, st, xs, a))
+        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1], "args": args}
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
                   pos: str = "pos") -> list[dict]:
         """attn_prep + attn of one gated-attention layer over proj (q|k|v), into o."""
         ap = plan.entry(attn_prep_entry(cfg, pt))
-        at = plan.entry(attn_entry(cfg, pt))
+        at = plan.entry(attn_entry(cfg, pt, attn_head_groups(cfg, R * Hkv)))
         return [{"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
                  "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
                           ["t", sa + "k_norm.weight"], ["f32", eps],
@@ -676,6 +748,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                          buf("ntok_m"), ["i32", B]]}]
             + mtp_pass(KP, "vnext", "ntok_m"))
         plan.schedule["verify_rows"] = KP
+    # gemm_q4 split-K scratch, shared by every launch with ZS > 1 (launches run one at a time):
+    # fp32 partials, and arrival counters that every launch leaves at zero.
+    plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [scratch["part"]]}
+    plan.buffers["gemm_arrivals"] = {"dtype": "int32", "shape": [scratch["arrivals"]]}
     tk = plan.entry(topk_entry(V))
     # Optional, after a step: the top-k logits of each sequence's sampled row.
     plan.schedule["topk"] = [{"k": tk.name, "grid": [B, 1, 1],

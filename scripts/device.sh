@@ -94,11 +94,14 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then
-  for tool in memcheck racecheck; do
-    section "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/one_step.py 3 > /tmp/s.log 2>&1
-    rc=$?; tail -5 /tmp/s.log
-    note "compute-sanitizer $tool (prefill+decode)" "rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.log | tail -1)"
+  # B = 3: gemv_q4 (btg 8); B = 17: gemm_q4 (btg 32), with split-K blocks on the tiny shapes
+  for B in ${SAN_B:-3 17}; do
+    for tool in memcheck racecheck; do
+      section "compute-sanitizer $tool, B=$B"
+      compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/one_step.py "$B" > /tmp/s.log 2>&1
+      rc=$?; tail -5 /tmp/s.log
+      note "compute-sanitizer $tool B=$B (prefill+decode)" "rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.log | tail -1)"
+    done
   done
 fi
 } > "$LOG" 2>&1

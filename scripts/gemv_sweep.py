@@ -23,17 +23,18 @@ from qwen38gen.gate import compile_kernels  # noqa: E402
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs ("b", MT, ST, XS, AS) of gemv_q4 (the first is the bitwise
-# reference of its NT)
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4 or ("g", MT, WR, ST, ZS) of
+# gemm_q4 (kernels/gemm_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 2, 1, 0), ("b", 1, 3, 0, 1),
-            ("b", 1, 4, 0, 1), ("b", 1, 6, 0, 1), ("b", 1, 8, 0, 1), ("b", 2, 3, 0, 1),
-            ("b", 2, 4, 0, 1)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1),
-             ("b", 1, 6, 0, 1), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1), ("b", 4, 3, 0, 1)]),
-    4: (64, [("b", 2, 2, 0, 0), ("b", 2, 2, 1, 0), ("b", 1, 4, 0, 1), ("b", 2, 3, 0, 1),
-             ("b", 2, 4, 0, 1)]),
-    8: (64, [("b", 1, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 2, 3, 0, 1), ("g", 1, 8, 4, 1), ("g", 1, 8, 4, 8),
+            ("g", 2, 8, 4, 4)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 2, 3, 0, 1), ("g", 1, 8, 4, 1),
+             ("g", 2, 8, 4, 1), ("g", 2, 4, 4, 1), ("g", 1, 8, 6, 1), ("g", 2, 8, 3, 1),
+             ("g", 1, 8, 4, 8), ("g", 2, 8, 4, 4), ("g", 2, 8, 4, 8), ("g", 1, 4, 4, 8)]),
+    4: (64, [("b", 2, 2, 0, 0), ("b", 2, 4, 0, 1)]),
+    8: (64, [("b", 1, 2, 0, 0), ("g", 1, 8, 3, 1), ("g", 2, 8, 3, 1), ("g", 2, 4, 3, 1),
+             ("g", 1, 8, 4, 1), ("g", 2, 8, 4, 1), ("g", 2, 8, 3, 4), ("g", 2, 8, 3, 8),
+             ("g", 1, 8, 3, 8), ("g", 2, 4, 4, 8), ("g", 1, 4, 3, 8)]),
 }
 KS_MAX = 8
 
@@ -43,14 +44,31 @@ def ks_of(k: int) -> int:
 
 
 def name(k, nt, cfg):
+    if cfg[0] == "g":
+        _, mt, wr, st, zs = cfg
+        return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}"
     _, mt, st, xs, a = cfg
     return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}"
 
 
-def smem_of(k, cfg):
-    """Dynamic shared memory: the cp.async ring (GemvLaunch::dyn_smem_bytes)."""
+def smem_of(k, nt, cfg):
+    """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
+    if cfg[0] == "g":
+        _, mt, wr, st, zs = cfg
+        sums = wr * mt * nt * 4 * 128 if ks_of(k) > 1 and zs == 1 else 0
+        return st * (8 * nt * 17 + wr * mt * 66) * 16 + sums
     _, mt, st, _, a = cfg
     return a * ks_of(k) * st * mt * 66 * 16
+
+
+def shape_of(N, R, nt, k, cfg):
+    """(grid, block, part floats) of one launch."""
+    if cfg[0] == "g":
+        _, mt, wr, st, zs = cfg
+        gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
+        return (gx, gy, zs), (32 * wr, 1, 1), ks_of(k) * wr * mt * nt * 128 * gx * gy
+    mt = cfg[1]
+    return (N // (16 * mt), -(-R // (8 * nt)), 1), (32 * ks_of(k), 1, 1), 1
 
 
 def instances():
@@ -66,15 +84,23 @@ def instances():
 
 
 def source() -> str:
-    out = ['#include "gemv_q4.cuh"']
+    out = ['#include "gemm_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
+        if cfg[0] == "g":
+            _, mt, wr, st, zs = cfg
+            out.append(
+                f'extern "C" __global__ void __launch_bounds__({32 * wr}, 1) {name(k, nt, cfg)}('
+                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
+                f"int ldy, int N, int R, float* part, int* arr) {{ q38::gemm_q4<{k}, {mt}, {nt}, "
+                f"{ks}, 0, {wr}, {st}, {zs}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
+            continue
         _, mt, st, xs, a = cfg
         out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * ks}, 1) {name(k, nt, cfg)}('
                 "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R) {{ q38::gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
-                "(qw, sc, x, ldx, y, ldy, N, R); }")
+                f"int ldy, int N, int R, float* part, int* arr) {{ q38::gemv_q4<{k}, {mt}, {nt}, "
+                f"{ks}, 0, {st}, {xs}, {a}>(qw, sc, x, ldx, y, ldy, N, R); }}")
     return "\n".join(out) + "\n"
 
 
@@ -100,6 +126,7 @@ def run(cubin: str, reps: int = 20):
     regs = json.loads(Path(cubin + ".regs.json").read_text())
     pool_bytes = 256 << 20
     results = []
+    scratch = []
     s = drv.Stream()
     for sname, N, K, count in SHAPES:
         wb = N * K // 2
@@ -124,21 +151,27 @@ def run(cubin: str, reps: int = 20):
             ref = None
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
-                mt = cfg[1]
-                sm = smem_of(K, cfg)
+                sm = smem_of(K, nt, cfg)
                 allow_dynamic_smem(fn, sm)
-                grid = (N // (16 * mt), -(-R // (8 * nt)), 1)
-                block = (32 * ks_of(K), 1, 1)
+                grid, block, pf = shape_of(N, R, nt, K, cfg)
+                part = drv.mem_alloc(4 * pf)
+                arr = drv.mem_alloc(4 * grid[0] * grid[1])
+                drv.memset_d32(arr, 0, grid[0] * grid[1])
+                scratch.extend([part, arr])
 
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], x, np.int32(K), y, np.int32(N), np.int32(N),
-                       np.int32(R), grid=grid, block=block, shared=sm, stream=s)
+                       np.int32(R), part, arr, grid=grid, block=block, shared=sm, stream=s)
                 drv.memset_d16(y, 0x7FC0, R * N)
                 try:
                     launch(0)
                     s.synchronize()
                 except drv.Error as e:
                     print(f"{sname} R={R} {cfg}: launch failed ({e}), smem {sm}", flush=True)
+                    continue
+                left = drv.from_device(arr, (grid[0] * grid[1],), np.int32)
+                if left.any():
+                    print(f"{sname} R={R} {cfg}: arrival counters not reset", flush=True)
                     continue
                 out = drv.from_device(y, (R, N), np.uint16)
                 same = True if ref is None else bool(np.array_equal(out, ref))
@@ -151,17 +184,20 @@ def run(cubin: str, reps: int = 20):
                                 "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
             y.free()
+            for a in scratch:
+                a.free()
+            scratch.clear()
         for a in W + S:
             a.free()
     return results
 
 
-PROFILE = [("gate_up", 1, ("b", 1, 4, 0, 1)), ("gate_up", 2, ("b", 1, 4, 0, 1)),
-           ("gate_up", 4, ("b", 2, 3, 0, 1))]
+PROFILE = [("gate_up", 2, ("g", 2, 8, 4, 1)), ("gate_up", 8, ("g", 2, 8, 3, 1)),
+           ("down", 8, ("g", 2, 8, 3, 8))]
 
 
 def profile(cubin: str):
-    """One launch of each PROFILE config (shape, NT, MT, ST, XS), for ncu."""
+    """One launch of each PROFILE config (shape, NT, config), for ncu."""
     import numpy as np
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
@@ -180,12 +216,15 @@ def profile(cubin: str):
         x = drv.to_device(np.full((R, K), 0x3F80, np.uint16))
         y = drv.mem_alloc(R * N * 2)
         fn = mod.get_function(name(K, nt, cfg))
-        sm = smem_of(K, cfg)
+        sm = smem_of(K, nt, cfg)
         allow_dynamic_smem(fn, sm)
-        fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R),
-           grid=(N // (16 * cfg[1]), -(-R // (8 * nt)), 1), block=(32 * ks_of(K), 1, 1), shared=sm)
+        grid, block, pf = shape_of(N, R, nt, K, cfg)
+        part, arr = drv.mem_alloc(4 * pf), drv.mem_alloc(4 * grid[0] * grid[1])
+        drv.memset_d32(arr, 0, grid[0] * grid[1])
+        fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R), part, arr,
+           grid=grid, block=block, shared=sm)
         drv.Context.synchronize()
-        for a in (W, S, x, y):
+        for a in (W, S, x, y, part, arr):
             a.free()
 
 

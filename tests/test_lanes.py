@@ -13,7 +13,8 @@ def test_defaults_and_name(monkeypatch):
     assert (ln.batch, ln.btg, ln.pt, ln.q4, ln.mtp, ln.arch, ln.lm_head) == (
         16, 16, DEFAULT_PT, True, 0, "sm_90", "int4")
     assert lane_name(ln) == f"b16-btg16-pt{DEFAULT_PT}-q4-mtp0-sm90-lmint4"
-    assert Lanes.make(1).btg == 8 and Lanes.make(17).btg == 32 and Lanes.make(64).btg == 32
+    assert Lanes.make(1).btg == 8 and Lanes.make(17).btg == 32 and Lanes.make(64).btg == 64 \
+        and Lanes.make(200).btg == 64
 
 
 def test_pt_from_environment(monkeypatch):

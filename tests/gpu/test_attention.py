@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from qwen38gen import ops
+from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu import ref_ops as ref
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
@@ -51,16 +52,19 @@ _MODS: dict = {}
 SPLIT = ops.ATTN_SPLIT
 
 
-def _kernels(H: int, HKV: int, PT: int):
-    """(prep, attn, launch) for one geometry and chunk size; launch comes from the C++ structs:
-    prep threads, prep grid_y, attn threads, split, max_splits, part_floats."""
-    key = (H, HKV, PT)
+def _kernels(H: int, HKV: int, PT: int, hg: int = 1):
+    """(prep, attn, launch) for one geometry and chunk size, attn with the program's schedule
+    (ops.ATTN_*, hg head groups); launch comes from the C++ structs: prep threads, prep grid_y,
+    attn threads, split, max_splits, part_floats."""
+    key = (H, HKV, PT, hg)
     if key not in _MODS:
         import pycuda.driver as drv
 
-        tag = f"h{H}_kv{HKV}_pt{PT}"
+        tag = f"h{H}_kv{HKV}_pt{PT}_hg{hg}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
-        A = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}>"
+        knobs = (f"{ops.ATTN_NW}, {ops.ATTN_U}, {hg}, {ops.ATTN_ST}, {ops.ATTN_SPLIT}, "
+                 f"{ops.ATTN_MB}")
+        A = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>"
         src = f"""
 #include "attention.cuh"
 using q38::bf16;
@@ -75,8 +79,10 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
            const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
-  q38::attn<{D}, {H}, {HKV}, {PT}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o);
+  q38::attn<{D}, {H}, {HKV}, {PT}, {knobs}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part,
+                                            arrivals, o);
 }}
+static_assert({A}::dyn_smem_bytes == {ops.attn_smem(_Geom(H, HKV))}, "ops.attn_smem");
 """
         mod = build(src)
         ptr, _ = mod.get_global(f"launch_{tag}")
@@ -86,7 +92,9 @@ attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16
         # the Python mirror (ops.py) sizes the scratch and picks the grid: it must agree
         assert launch[3:] == (ops.ATTN_SPLIT, ops.ATTN_MAX_SPLITS,
                               ops.attn_part_floats(_Geom(H, HKV))), launch
-        _MODS[key] = (mod.get_function(f"prep_{tag}"), mod.get_function(f"attn_{tag}"), launch)
+        attn = mod.get_function(f"attn_{tag}")
+        allow_dynamic_smem(attn, ops.attn_smem(_Geom(H, HKV)))
+        _MODS[key] = (mod.get_function(f"prep_{tag}"), attn, launch)
     return _MODS[key]
 
 
@@ -101,7 +109,9 @@ def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
     """attn_prep then attn on the device, as a step runs them, then attn once more on the same
     buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
     Returns qbuf, kc, vc, out (of the first attn launch)."""
-    prep, attn, (p_threads, p_grid_y, a_threads, *_) = _kernels(H, HKV, PT)
+    hg = ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
+    prep, attn, (p_threads, p_grid_y, a_threads, *_) = _kernels(H, HKV, PT, hg)
+    smem = ops.attn_smem(_Geom(H, HKV))
     R, ld = qkv.shape
     gx = ops.attn_grid_x(B * HKV * PT) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
@@ -119,7 +129,7 @@ def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
         out_d = poisoned((R, H * D), BF16)
         attn(qbuf_d.gpudata, qkv_d.gpudata, np.int32(ld), kc_d.gpudata, vc_d.gpudata,
              np.int32(tmax), pos_d.gpudata, ntok_d.gpudata, part_d.gpudata, arr_d.gpudata,
-             out_d.gpudata, block=(a_threads, 1, 1), grid=(gx, B * HKV, PT))
+             out_d.gpudata, block=(a_threads, 1, 1), grid=(gx, B * HKV, PT), shared=smem)
         outs.append(out_d.get())
         arr = arr_d.get()
         assert not arr.any(), f"arrival counters not reset: {np.count_nonzero(arr)} nonzero"

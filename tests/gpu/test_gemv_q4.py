@@ -149,3 +149,91 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
                 assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
                     f"N={N} K={K} schedule {mt, nt, st, xs, a} epi={epi} R={R}: bits differ"
     print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
+
+
+# gemm_q4 (kernels/gemm_q4.cuh): the shared-activation schedule for larger batch tiles, with the
+# parts of K optionally split over ZS blocks. Configs (MT, NT, WR, ST, ZS): one and two m-tiles
+# per warp, 4 and 8 warps, 2-4 stages, ZS = 1 (in-block part sums), 2, 4, 8 (parts through
+# global memory, merged by the last block).
+GEMM_CONFIGS = [(1, 2, 4, 2, 1), (2, 2, 8, 4, 1), (1, 8, 8, 3, 1), (2, 8, 8, 3, 1),
+                (1, 2, 8, 4, 8), (2, 8, 8, 3, 4), (1, 8, 4, 3, 2), (2, 4, 8, 4, 1),
+                (1, 1, 8, 4, 1)]
+_GEMM: dict = {}
+
+
+def _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs):
+    key = (K, mt, nt, ks, epi, wr, st, zs)
+    if key not in _GEMM:
+        name = f"gemm_{K}_{mt}_{nt}_{ks}_{epi}_{wr}_{st}_{zs}"
+        src = f"""
+#include "gemm_q4.cuh"
+extern "C" __global__ void __launch_bounds__({32 * wr}, 1)
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R, float* part, int* arrivals) {{
+  q38::gemm_q4<{K}, {mt}, {nt}, {ks}, {epi}, {wr}, {st}, {zs}>(q, s, x, ldx, y, ldy, N, R, part,
+                                                              arrivals);
+}}
+static_assert(q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::threads == {32 * wr}, "");
+"""
+        fn = build(src).get_function(name)
+        v = mt * nt * 4
+        smem = st * (8 * nt * 17 + wr * mt * 66) * 16 + (wr * v * 128 if ks > 1 and zs == 1 else 0)
+        allow_dynamic_smem(fn, smem)
+        _GEMM[key] = (fn, smem)
+    return _GEMM[key]
+
+
+def _run_gemm(k, qw, sc, x, y, N, R, mt, nt, ks, wr, zs):
+    """Launch gemm_q4; returns the arrival counters (every launch must leave them at 0)."""
+    import pycuda.gpuarray as ga
+
+    fn, smem = k
+    tiles = qw.shape[0]
+    gx, gy = -(-tiles // (mt * wr)), -(-R // (8 * nt))
+    part = ga.empty(max(1, ks * wr * mt * nt * 4 * 32 * gx * gy), np.float32)
+    part.fill(np.float32(np.nan))
+    arrivals = ga.zeros(gx * gy, np.int32)
+    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
+       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(32 * wr, 1, 1),
+       grid=(gx, gy, zs), shared=smem)
+    return arrivals.get()
+
+
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (1280 + 768 + 32, 512), (96, 5120),
+                                 (40, 1024), (5120, 6144), (5120, 17408)])
+def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
+    """gemm_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
+    not multiples of the tile, an activation stride wider than K, and leaves its counters at 0;
+    so ops may pick either kernel per shape and batch without touching a row's result."""
+    rng = np.random.default_rng([N, K, 6])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    tried = 0
+    for mt, nt, wr, st, zs in GEMM_CONFIGS:
+        if ks % zs:
+            continue
+        for epi in (0, 1):
+            ref_fn = _kernel(K, 1, nt, ks, epi)
+            fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs)
+            for R in (1, 3, 8 * nt, 8 * nt + 5):
+                xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
+                x = to_gpu(xh)   # ldx = K + 24: rows wider than K
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                ref_grid = (qweight.shape[0], -(-R // (8 * nt)))
+                ref_fn[0](qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K + 24), want.gpudata,
+                          np.int32(N), np.int32(N), np.int32(R), block=(32 * ks, 1, 1),
+                          grid=ref_grid, shared=ref_fn[1])
+                arr = _run_gemm(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks, wr, zs)
+                g = got.get()
+                assert not arr.any(), f"config {mt, nt, wr, st, zs}: arrival counters left {arr}"
+                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} gemm {mt, nt, wr, st, zs} epi={epi} R={R}: bits differ"
+                if not epi:
+                    e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
+                    assert e < TOL, f"gemm {mt, nt, wr, st, zs} R={R}: rel err {e:.2e}"
+                tried += 1
+    assert tried
+    print(f"gemm_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
