@@ -74,32 +74,38 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
   const bool active = rt0 < tiles;
   const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
 
-  // This warp's weights and scales of group gi into stage s (constant data: safe before pdl_wait).
-  auto load_w = [&](int s, int gi) {
-    uint4* slot = gemm_smem + s * SU + L::x_stage_uint4 + warp * MT * 66;
+  // The copies of a group are the same at every group but for an offset, so each thread keeps
+  // its source pointers and shared-memory offsets and adds the group's offset.
+  const unsigned smem0 = (unsigned)__cvta_generic_to_shared(gemm_smem);
+  // This warp's weights and scales: m-tile rt0+m, 2 x 512 bytes (+ 32 bytes of scales) a group,
+  // at compile-time offsets from one pointer.
+  const uint4* wsrc = qweight + (size_t)rt0 * KT * 32 + lane;
+  const unsigned short* ssrc = sc16 + (size_t)rt0 * NG * 16 + 8 * (lane & 1);
+  const unsigned wdst = (L::x_stage_uint4 + warp * MT * 66 + lane) * 16;
+  auto load_w = [&](int s, int gi) {  // group gi into stage s (constant data: safe before pdl_wait)
+    const unsigned d = smem0 + s * SU * 16 + wdst;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       if (rt0 + m < tiles) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          cp_async16(slot + m * 66 + 32 * h + lane,
-                     qweight + ((size_t)(rt0 + m) * KT + 2 * gi + h) * 32 + lane);
-        if (lane < 2)
-          cp_async16(slot + m * 66 + 64 + lane,
-                     reinterpret_cast<const uint4*>(sc16 + ((size_t)(rt0 + m) * NG + gi) * 16) + lane);
+        const uint4* w = wsrc + m * KT * 32 + gi * 64;
+        cp_async16_s(d + m * 66 * 16, w);
+        cp_async16_s(d + (m * 66 + 32) * 16, w + 32);
+        if (lane < 2) cp_async16_s(d + (m * 66 + 64) * 16, ssrc + m * NG * 16 + gi * 16);  // slots 64, 65
       }
     }
   };
-  // The block's activation tile of group gi into stage s: rows r0.. (those < R), 16 uint4 each.
+  // The block's activation tile: rows r0.. (those < R) x 16 uint4 a group. Thread t copies
+  // column t % 16 of rows t / 16 + 2*WR*i.
+  constexpr int XC = (XR * 16 + 32 * WR - 1) / (32 * WR), XSTEP = 2 * WR;
+  const int xr0 = threadIdx.x >> 4, rows = min(XR, R - r0);
+  const bf16* xsrc = x + (size_t)(r0 + min(xr0, rows - 1)) * ldx + (threadIdx.x & 15) * 8;
+  const int xstep = XSTEP * ldx;
+  const unsigned xdst = (xr0 * XU + (threadIdx.x & 15)) * 16;
   auto load_x = [&](int s, int gi) {
-    uint4* xs = gemm_smem + s * SU;
-    const int rows = min(XR, R - r0);
+    const unsigned d = smem0 + s * SU * 16 + xdst;
 #pragma unroll
-    for (int q = threadIdx.x; q < XR * 16; q += 32 * WR) {
-      const int rr = q >> 4, cc = q & 15;
-      if (rr < rows)
-        cp_async16(xs + rr * XU + cc, x + (size_t)(r0 + rr) * ldx + gi * 128 + cc * 8);
-    }
+    for (int i = 0; i < XC; ++i)
+      if (xr0 + XSTEP * i < rows) cp_async16_s(d + XSTEP * i * XU * 16, xsrc + (i * xstep + gi * 128));
   };
 
   // This block's parts [pa, pb) and their groups [gb, ge).
@@ -131,6 +137,7 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
     return part_buf + ((size_t)p * gridDim.x * gridDim.y + blk) * (WR * V * 32) + warp * V * 32 + lane;
   };
 
+  int s_use = 0, s_fill = ST - 1;  // the stage multiplied / refilled this iteration
 #pragma unroll 1
   for (int gi = gb; gi < ge; ++gi) {
     cp_async_wait<ST - 2>();  // group gi's copies (this thread's) have landed
@@ -138,13 +145,16 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
     {
       const int nx = gi + ST - 1;
       if (nx < ge) {
-        load_w((nx - gb) % ST, nx);
-        load_x((nx - gb) % ST, nx);
+        load_w(s_fill, nx);
+        load_x(s_fill, nx);
       }
       cp_async_commit();
+      s_fill = s_fill == ST - 1 ? 0 : s_fill + 1;
     }
+    const int su = s_use;
+    s_use = s_use == ST - 1 ? 0 : s_use + 1;
     if (active) {
-      const uint4* xs = gemm_smem + ((gi - gb) % ST) * SU;
+      const uint4* xs = gemm_smem + su * SU;
       const uint4* ws = xs + L::x_stage_uint4 + warp * MT * 66;
       float pt[MT][NT][4];
 #pragma unroll

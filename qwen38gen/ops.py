@@ -102,17 +102,34 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
 
 
 # gemm_q4 (kernels/gemm_q4.cuh): gemv_q4's arithmetic with the activations shared by the warps
-# of a block through a cp.async ring; used from a batch tile of GEMM_MIN_BTG rows. ZS blocks
-# split K's parts when the row blocks alone would not fill the GPU.
-GEMM_MIN_BTG = 16
+# of a block through a cp.async ring. ZS blocks split K's parts when the row blocks alone would
+# not fill the GPU.
 GEMM_SMS = 132           # an H200's SMs: the grid the ZS split aims to fill
 GEMM_PARAMS = GEMV_PARAMS + (("float*", "part"), ("int*", "arrivals"))
 
 
-def gemm_config(rows: int, k: int, btg: int) -> tuple[int, int, int]:
-    """(MT, WR, ST) of gemm_q4 for a weight of `rows` x `k` at batch tile btg: m-tiles per warp,
-    warps per block, ring stages. Scheduling only: a row's result is gemv_q4's."""
-    return (2, 8, 3) if btg >= 32 else (2, 8, 4)
+def gemm_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int] | None:
+    """(MT, WR, ST, MB) of gemm_q4 for a weight of `rows` x `k` at batch tile btg (m-tiles per
+    warp, warps per block, ring stages, min blocks per SM), or None where gemv_q4 is faster.
+    Scheduling only: a row's result is gemv_q4's. From scripts/gemv_sweep.py on an H200
+    (bench/NOTES.md, version 3): at 64 rows gemm_q4 wins on the wide shapes (gate_up 137.5 ->
+    126.8 us, gdn.in 67.5 -> 52.6 us, lm_head 964 -> 556 us against gemv_q4 in two 32-row tiles)
+    and, split over 8 blocks, on the down projection (72.6 -> 70.7 us); the out projection stays
+    with gemv_q4. At 16 rows and below gemv_q4 wins everywhere."""
+    if btg < 64:
+        return None
+    if rows >= 8192:
+        return 2, 4, 3, 1
+    if k >= 2 * rows:     # few rows, long K (the down projection): split K over blocks
+        return 1, 8, 3, 2
+    return None
+
+
+def gemv_tile(rows: int, k: int, btg: int) -> int:
+    """The batch tile a launch of this weight runs with: the lane's btg, but gemv_q4 runs a
+    64-row lane in 32-row tiles (its 64-row instance is slower: 33.7 against 30.4 us on the out
+    projection)."""
+    return 32 if btg >= 64 and gemm_config(rows, k, btg) is None else btg
 
 
 def gemm_smem(k: int, mt: int, nt: int, wr: int, st: int, zs: int) -> int:
@@ -122,25 +139,29 @@ def gemm_smem(k: int, mt: int, nt: int, wr: int, st: int, zs: int) -> int:
     return st * (8 * nt * 17 + wr * mt * 66) * 16 + sums
 
 
-def gemm_split(blocks: int, k: int, btg: int) -> int:
-    """ZS: the fewest blocks per row block (a divisor of KS) that give the launch about one
-    wave of resident blocks (one per SM from btg 32, two below)."""
+def gemm_split(blocks: int, k: int, per_sm: int) -> int:
+    """ZS: 1 when the row blocks nearly fill the GPU (three quarters of its SMs), else the fewest
+    blocks per row block (a divisor of KS) that give about one wave of resident blocks (per_sm
+    per SM). (gdn.in at 64 rows: 129 blocks at ZS = 1 measured 52.6 us; down: 40 row blocks,
+    ZS = 8 70.7 us against 155.8 us at ZS = 1.)"""
     ks = min(GEMV_KS, k // 128)
-    want = GEMM_SMS * (1 if btg >= 32 else 2)
+    if blocks >= GEMM_SMS * 3 // 4:
+        return 1
     zs = 1
-    while zs < ks and blocks * zs < want and ks % (2 * zs) == 0:
+    while zs < ks and blocks * zs < GEMM_SMS * per_sm and ks % (2 * zs) == 0:
         zs *= 2
     return zs
 
 
-def gemm_entry(k: int, btg: int, epi: int, mt: int, wr: int, st: int, zs: int) -> Entry:
+def gemm_entry(k: int, btg: int, epi: int, mt: int, wr: int, st: int, zs: int,
+               mb: int = 1) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = gemm_smem(k, mt, nt, wr, st, zs)
     targs = f"{k}, {mt}, {nt}, {ks}, {epi}, {wr}, {st}, {zs}"
-    return Entry(name=f"q38_gemv_k{k}_g{mt}_n{nt}_w{wr}_s{ks}_e{epi}_st{st}_z{zs}",
+    return Entry(name=f"q38_gemv_k{k}_g{mt}_n{nt}_w{wr}_s{ks}_e{epi}_st{st}_z{zs}_b{mb}",
                  call=f"q38::gemm_q4<{targs}>", params=GEMM_PARAMS, threads=32 * wr, smem=smem,
-                 waits=True, min_blocks=1,
+                 waits=True, min_blocks=mb,
                  asserts=(f"q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::dyn_smem_bytes "
                           f"== {smem}",))
 
@@ -551,19 +572,22 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
-        if btg >= GEMM_MIN_BTG:
-            mt, wr, st = gemm_config(n_out, k, btg)
+        gc = gemm_config(n_out, k, btg)
+        if gc:
+            mt, wr, st, mb = gc
             gx, gy = cdiv(cdiv(n_out, 16), mt * wr), cdiv(R, btg)
-            zs = gemm_split(gx * gy, k, btg)
-            e = plan.entry(gemm_entry(k, btg, epi, mt, wr, st, zs))
+            zs = gemm_split(gx * gy, k, mb)
+            mb = mb if zs > 1 else 1   # in-block part sums need more than 128 registers
+            e = plan.entry(gemm_entry(k, btg, epi, mt, wr, st, zs, mb))
             if zs > 1:
                 scratch["part"] = max(scratch["part"], gemm_part_floats(k, mt, btg // 8, wr) * gx * gy)
                 scratch["arrivals"] = max(scratch["arrivals"], gx * gy)
             return {"k": e.name, "grid": [gx, gy, zs],
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
-        mt, st, xs, a = gemv_config(n_out, k, btg)
-        e = plan.entry(gemv_entry(k, btg, epi, mt, st, xs, a))
-        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, btg), 1], "args": args}
+        tile = gemv_tile(n_out, k, btg)
+        mt, st, xs, a = gemv_config(n_out, k, tile)
+        e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
+        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
                   pos: str = "pos") -> list[dict]:

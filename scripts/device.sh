@@ -48,10 +48,13 @@ fi
 
 if [ -n "${PROFILE:-}" ]; then
   section "ncu gemv ($PROFILE)"
-  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section SchedulerStats python3 scripts/gemv_sweep.py profile "$PROFILE" \
-    > "$OUT/ncu.txt" 2>&1; rc=$?
+  ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section SchedulerStats \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio \
+    python3 scripts/gemv_sweep.py profile "$PROFILE" > "$OUT/ncu.txt" 2>&1; rc=$?
   tail -n 400 "$OUT/ncu.txt"
+  # the instruction mix of the profiled functions (cuobjdump ships with the toolkit beside ncu)
+  for f in ${SASS_FUN:-}; do cuobjdump -sass -fun "$f" "$PROFILE" > "$OUT/$f.sass" 2>&1; done
   note "ncu gemv" "rc=$rc"
 fi
 
@@ -94,8 +97,8 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then
-  # B = 3: gemv_q4 (btg 8); B = 17: gemm_q4 (btg 32), with split-K blocks on the tiny shapes
-  for B in ${SAN_B:-3 17}; do
+  # B = 3: gemv_q4 (btg 8); B = 64: gemm_q4 too (btg 64), split over blocks on tiny's down
+  for B in ${SAN_B:-3 64}; do
     for tool in memcheck racecheck; do
       section "compute-sanitizer $tool, B=$B"
       compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/one_step.py "$B" > /tmp/s.log 2>&1

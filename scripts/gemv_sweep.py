@@ -1,4 +1,5 @@
-"""Sweep the gemv_q4 schedule knobs (MT, ST, XS at each NT) over the 27B decode shapes.
+"""Sweep the schedule knobs of gemv_q4 (MT, ST, XS, AS) and gemm_q4 (MT, WR, ST, ZS) at each NT
+over the 27B decode shapes.
 
   python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (gate cache)
   python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
@@ -23,18 +24,19 @@ from qwen38gen.gate import compile_kernels  # noqa: E402
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4 or ("g", MT, WR, ST, ZS) of
-# gemm_q4 (kernels/gemm_q4.cuh); the first is the bitwise reference of its NT.
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4 or ("g", MT, WR, ST, ZS, MB)
+# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds); the first is the
+# bitwise reference of its NT.
 SWEEP = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 2, 3, 0, 1), ("g", 1, 8, 4, 1), ("g", 1, 8, 4, 8),
-            ("g", 2, 8, 4, 4)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 2, 3, 0, 1), ("g", 1, 8, 4, 1),
-             ("g", 2, 8, 4, 1), ("g", 2, 4, 4, 1), ("g", 1, 8, 6, 1), ("g", 2, 8, 3, 1),
-             ("g", 1, 8, 4, 8), ("g", 2, 8, 4, 4), ("g", 2, 8, 4, 8), ("g", 1, 4, 4, 8)]),
-    4: (64, [("b", 2, 2, 0, 0), ("b", 2, 4, 0, 1)]),
-    8: (64, [("b", 1, 2, 0, 0), ("g", 1, 8, 3, 1), ("g", 2, 8, 3, 1), ("g", 2, 4, 3, 1),
-             ("g", 1, 8, 4, 1), ("g", 2, 8, 4, 1), ("g", 2, 8, 3, 4), ("g", 2, 8, 3, 8),
-             ("g", 1, 8, 3, 8), ("g", 2, 4, 4, 8), ("g", 1, 4, 3, 8)]),
+    1: (1, [("b", 1, 2, 0, 0), ("g", 1, 8, 4, 1, 1), ("g", 1, 16, 4, 1, 1)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("g", 1, 8, 4, 1, 1), ("g", 2, 8, 4, 1, 2),
+             ("g", 1, 16, 4, 1, 1), ("g", 1, 8, 4, 2, 1), ("g", 2, 8, 4, 2, 2),
+             ("g", 1, 8, 4, 8, 1)]),
+    4: (64, [("b", 2, 2, 0, 0)]),
+    8: (64, [("b", 1, 2, 0, 0), ("g", 1, 8, 3, 1, 1), ("g", 2, 4, 3, 1, 1), ("g", 1, 8, 3, 1, 2),
+             ("g", 1, 16, 3, 1, 1), ("g", 1, 8, 2, 1, 2), ("g", 1, 8, 3, 2, 2),
+             ("g", 1, 16, 3, 2, 1), ("g", 1, 8, 3, 8, 2), ("g", 1, 16, 3, 8, 1),
+             ("g", 1, 4, 3, 8, 1)]),
 }
 KS_MAX = 8
 
@@ -45,8 +47,8 @@ def ks_of(k: int) -> int:
 
 def name(k, nt, cfg):
     if cfg[0] == "g":
-        _, mt, wr, st, zs = cfg
-        return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}"
+        _, mt, wr, st, zs, mb = cfg
+        return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
     _, mt, st, xs, a = cfg
     return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}"
 
@@ -54,7 +56,7 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "g":
-        _, mt, wr, st, zs = cfg
+        _, mt, wr, st, zs, _ = cfg
         sums = wr * mt * nt * 4 * 128 if ks_of(k) > 1 and zs == 1 else 0
         return st * (8 * nt * 17 + wr * mt * 66) * 16 + sums
     _, mt, st, _, a = cfg
@@ -64,7 +66,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "g":
-        _, mt, wr, st, zs = cfg
+        _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
         return (gx, gy, zs), (32 * wr, 1, 1), ks_of(k) * wr * mt * nt * 128 * gx * gy
     mt = cfg[1]
@@ -88,9 +90,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "g":
-            _, mt, wr, st, zs = cfg
+            _, mt, wr, st, zs, mb = cfg
             out.append(
-                f'extern "C" __global__ void __launch_bounds__({32 * wr}, 1) {name(k, nt, cfg)}('
+                f'extern "C" __global__ void __launch_bounds__({32 * wr}, {mb}) {name(k, nt, cfg)}('
                 "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
                 f"int ldy, int N, int R, float* part, int* arr) {{ q38::gemm_q4<{k}, {mt}, {nt}, "
                 f"{ks}, 0, {wr}, {st}, {zs}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
@@ -192,8 +194,9 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gate_up", 2, ("g", 2, 8, 4, 1)), ("gate_up", 8, ("g", 2, 8, 3, 1)),
-           ("down", 8, ("g", 2, 8, 3, 8))]
+PROFILE = [("gate_up", 8, ("g", 1, 8, 3, 1, 2)), ("gate_up", 4, ("b", 2, 2, 0, 0)),
+           ("gate_up", 2, ("b", 2, 2, 0, 0)), ("gate_up", 2, ("g", 1, 8, 4, 1, 1)),
+           ("gate_up", 8, ("g", 1, 16, 3, 2, 1))]
 
 
 def profile(cubin: str):

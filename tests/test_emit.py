@@ -127,3 +127,30 @@ def test_prompt_chunk_rows_and_counts():
     assert toks.tolist() == [0, 0, 0, 0, 5, 0, 0, 0, 104, 105, 106, 107]
     toks, ntok = prompt_chunk(prompts, 0, 4)
     assert ntok.tolist() == [1, 4, 4] and toks[:5].tolist() == [7, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("model,batch,pt", [("tiny", 64, 16), ("qwen3.8-27b", 64, 16),
+                                            ("qwen3.8-27b", 16, 16), ("qwen3.8-27b", 1, 16)])
+def test_gemm_launches_fit_their_scratch(model, batch, pt):
+    """gemm_q4 launches (from btg 64): every split-K launch (grid.z = ZS > 1) fits gemm_part and
+    gemm_arrivals, every instance fits an SM's shared memory, and btg 16 and below keep gemv_q4."""
+    from qwen38gen import ops
+
+    prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt))
+    m = prog.manifest
+    part = m["buffers"]["gemm_part"]["shape"][0]
+    arrivals = m["buffers"]["gemm_arrivals"]["shape"][0]
+    gemm = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]
+            if re.match(r"q38_gemv_k\d+_g", L["k"])]
+    if prog.lanes.btg < 64:
+        assert not gemm
+        return
+    assert gemm
+    for L in gemm:
+        k, mt, nt, wr, zs = (int(v) for v in re.match(
+            r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
+        gx, gy, gz = L["grid"]
+        assert gz == zs and m["kernels"][L["k"]]["smem"] <= 227 * 1024
+        if zs > 1:
+            assert part >= ops.gemm_part_floats(k, mt, nt, wr) * gx * gy and arrivals >= gx * gy
+            assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"

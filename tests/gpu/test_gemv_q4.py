@@ -154,20 +154,22 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
 # gemm_q4 (kernels/gemm_q4.cuh): the shared-activation schedule for larger batch tiles, with the
 # parts of K optionally split over ZS blocks. Configs (MT, NT, WR, ST, ZS): one and two m-tiles
 # per warp, 4 and 8 warps, 2-4 stages, ZS = 1 (in-block part sums), 2, 4, 8 (parts through
-# global memory, merged by the last block).
-GEMM_CONFIGS = [(1, 2, 4, 2, 1), (2, 2, 8, 4, 1), (1, 8, 8, 3, 1), (2, 8, 8, 3, 1),
-                (1, 2, 8, 4, 8), (2, 8, 8, 3, 4), (1, 8, 4, 3, 2), (2, 4, 8, 4, 1),
-                (1, 1, 8, 4, 1)]
+# global memory, merged by the last block), MB (below).
+# MB: min blocks per SM in the launch bounds (2 caps the registers at 128, as ops does for the
+# split down projection). The program's configs: (2, 8, 4, 3, 1, 1) and (1, 8, 8, 3, 8, 2).
+GEMM_CONFIGS = [(1, 2, 4, 2, 1, 1), (2, 2, 8, 4, 1, 1), (1, 8, 8, 3, 1, 1), (2, 8, 8, 3, 1, 1),
+                (1, 2, 8, 4, 8, 1), (2, 8, 8, 3, 4, 1), (1, 8, 4, 3, 2, 1), (2, 4, 8, 4, 1, 1),
+                (1, 1, 8, 4, 1, 1), (2, 8, 4, 3, 1, 1), (1, 8, 8, 3, 8, 2), (1, 8, 8, 3, 2, 2)]
 _GEMM: dict = {}
 
 
-def _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs):
-    key = (K, mt, nt, ks, epi, wr, st, zs)
+def _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mb=1):
+    key = (K, mt, nt, ks, epi, wr, st, zs, mb)
     if key not in _GEMM:
-        name = f"gemm_{K}_{mt}_{nt}_{ks}_{epi}_{wr}_{st}_{zs}"
+        name = f"gemm_{K}_{mt}_{nt}_{ks}_{epi}_{wr}_{st}_{zs}_{mb}"
         src = f"""
 #include "gemm_q4.cuh"
-extern "C" __global__ void __launch_bounds__({32 * wr}, 1)
+extern "C" __global__ void __launch_bounds__({32 * wr}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
   q38::gemm_q4<{K}, {mt}, {nt}, {ks}, {epi}, {wr}, {st}, {zs}>(q, s, x, ldx, y, ldy, N, R, part,
@@ -210,12 +212,12 @@ def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    for mt, nt, wr, st, zs in GEMM_CONFIGS:
+    for mt, nt, wr, st, zs, mb in GEMM_CONFIGS:
         if ks % zs:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs)
+            fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mb)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
                 xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
                 x = to_gpu(xh)   # ldx = K + 24: rows wider than K

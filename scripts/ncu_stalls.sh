@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the GPU machine after scripts/device.sh installed PyCUDA: the warp stall reasons (average
+# warps stalled per issued instruction) of the gemv_sweep PROFILE launches, for ncu.
+#   bash scripts/ncu_stalls.sh SWEEP.cubin > stalls.txt
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+m=smsp__cycles_active.avg,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+for r in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle \
+         not_selected selected dispatch_stall no_instruction drain branch_resolving membar sleeping; do
+  m="$m,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+done
+m="$m,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum,lts__t_bytes.sum"
+ncu --metrics "$m" python3 scripts/gemv_sweep.py profile "$1"
