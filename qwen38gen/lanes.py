@@ -44,8 +44,8 @@ def _describe(allowed) -> str:
 
 
 def default_btg(batch: int) -> int:
-    """The smallest supported batch tile that holds min(batch, 64) sequences: from 16 rows the
-    GEMV is gemm_q4, whose warps share one activation tile, so one pass over the weights serves
+    """The smallest supported batch tile that holds min(batch, 64) sequences: from 32 rows most
+    GEMVs are gemm_q4, whose warps share one activation tile, so one pass over the weights serves
     up to 64 sequences (ops.gemm_config)."""
     want = min(batch, 64)
     return next(t for t in SUPPORTED["btg"] if t >= want)

@@ -239,3 +239,37 @@ def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
                 tried += 1
     assert tried
     print(f"gemm_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+
+
+@pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536)])
+def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
+    """The configs ops.gemm_config and ops.gemm_split pick for the program (btg 32 and 64; a wide
+    weight, and a long-K one split over blocks) give gemv_q4's bits, both epilogues."""
+    from qwen38gen import ops
+
+    rng = np.random.default_rng([N, K, 7])
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    seen = set()
+    for btg in (32, 64):
+        mt, wr, st, mb = ops.gemm_config(N, K, btg)
+        nt = btg // 8
+        for R in (1, btg, btg + 5):
+            gx, gy = -(-qweight.shape[0] // (mt * wr)), -(-R // btg)
+            zs = ops.gemm_split(gx * gy, K, mb)
+            mbz = mb if zs > 1 else 1
+            for epi in (0, 1):
+                fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mbz)
+                ref_fn = _kernel(K, 1, nt, ks, epi)
+                x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                arr = _run_gemm(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks, wr, zs)
+                assert not arr.any()
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} btg={btg} gemm {mt, wr, st, zs, mbz} epi={epi} R={R}: bits differ"
+                seen.add((btg, zs))
+    print(f"gemm_q4 N={N} K={K}: program configs (btg, ZS) {sorted(seen)} bitwise equal to gemv_q4")
