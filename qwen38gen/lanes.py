@@ -44,7 +44,7 @@ def _describe(allowed) -> str:
 
 
 def default_btg(batch: int) -> int:
-    """The smallest supported batch tile that holds min(batch, 64) sequences: from 32 rows most
+    """The smallest supported batch tile that holds min(batch, 64) sequences: at 64 rows most
     GEMVs are gemm_q4, whose warps share one activation tile, so one pass over the weights serves
     up to 64 sequences (ops.gemm_config)."""
     want = min(batch, 64)

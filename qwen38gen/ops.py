@@ -114,10 +114,12 @@ def gemm_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int] | None
     Scheduling only: a row's result is gemv_q4's. From scripts/gemv_sweep.py on an H200
     (bench/NOTES.md, version 3): at 64 rows gemm_q4 wins on the wide shapes (gate_up 137.5 ->
     126.8 us, gdn.in 67.5 -> 52.6 us, lm_head 964 -> 556 us against gemv_q4 in two 32-row tiles)
-    and, split over 8 blocks, on the down projection (72.6 -> 70.7 us); at 32 rows on gate_up
-    (74.5 -> 66.5), lm_head (497 -> 308) and down (49.6 -> 44.9), level on gdn.in and attn.in.
-    The out projection stays with gemv_q4; at 16 rows and below gemv_q4 wins everywhere."""
-    if btg < 32:
+    and, split over 8 blocks, on the down projection (72.6 -> 70.7 us); the out projection stays
+    with gemv_q4. At 32 rows gemm_q4 won alone too (gate_up 74.5 -> 66.5 us, lm_head 497 -> 308,
+    down 49.6 -> 44.9) and took the step's GEMV time from 12.37 to 11.75 ms, but the B = 32 step
+    itself measured 17.84 against 17.57 ms, so btg 32 stays with gemv_q4. At 16 rows and below
+    gemv_q4 wins everywhere."""
+    if btg < 64:
         return None
     if rows >= 8192:
         return 2, 4, 3, 1
