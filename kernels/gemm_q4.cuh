@@ -176,30 +176,20 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
           for (int j = 0; j < NT; ++j) xv[j] = xs[(8 * j + g) * XU + 8 * h + 2 * c + q];
 #pragma unroll
           for (int ii = 0; ii < 2; ++ii) {  // k-step i = 2q + ii of k-tile h
+            const int i = 2 * q + ii;
+            uint32_t b0[NT], b1[NT];
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              const int i = 2 * q + ii;
-              const uint32_t wi = i == 0 ? wv[m].x : i == 1 ? wv[m].y : i == 2 ? wv[m].z : wv[m].w;
-              const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
+            for (int j = 0; j < NT; ++j) b0[j] = ii ? xv[j].z : xv[j].x, b1[j] = ii ? xv[j].w : xv[j].y;
 #pragma unroll
-              for (int j = 0; j < NT; ++j)
-                mma_bf16_16816(pt[m][j], a, ii ? xv[j].z : xv[j].x, ii ? xv[j].w : xv[j].y);
-            }
+            for (int m = 0; m < MT; ++m)
+              q4_kstep<NT>(pt[m], i == 0 ? wv[m].x : i == 1 ? wv[m].y : i == 2 ? wv[m].z : wv[m].w, b0, b1);
           }
         }
       }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + m * 66 + 64);
-        const uint32_t sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
-        const float s0 = __uint_as_float(sw << 16), s1 = __uint_as_float(sw & 0xffff0000u);
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          acc[m][j][0] += s0 * pt[m][j][0];
-          acc[m][j][1] += s0 * pt[m][j][1];
-          acc[m][j][2] += s1 * pt[m][j][2];
-          acc[m][j][3] += s1 * pt[m][j][3];
-        }
+        q4_scale_add<NT>(acc[m], pt[m], (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16));
       }
       if (KS > 1 && gi + 1 == part_end) {
         // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's

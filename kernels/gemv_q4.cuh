@@ -59,6 +59,31 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The arithmetic of a group, shared by gemv_q4 and gemm_q4 (their bits must agree): one k-step
+// for one m-tile, the 8 int4 codes of weight word wi (this lane's share of the A fragment) times
+// the B fragments {b0[j], b1[j]} of NT n-tiles into the unscaled partials part[j] ...
+template <int NT>
+__device__ __forceinline__ void q4_kstep(float (&part)[NT][4], uint32_t wi, const uint32_t (&b0)[NT],
+                                         const uint32_t (&b1)[NT]) {
+  const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
+#pragma unroll
+  for (int j = 0; j < NT; ++j) mma_bf16_16816(part[j], a, b0[j], b1[j]);
+}
+
+// ... and, after the group's 8 k-steps, acc += scale * part in fp32 (sw: the bf16 scales of rows
+// g and g+8 of the m-tile, packed low | high).
+template <int NT>
+__device__ __forceinline__ void q4_scale_add(float (&acc)[NT][4], const float (&part)[NT][4], uint32_t sw) {
+  const float s0 = __uint_as_float(sw << 16), s1 = __uint_as_float(sw & 0xffff0000u);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    acc[j][0] += s0 * part[j][0];
+    acc[j][1] += s0 * part[j][1];
+    acc[j][2] += s1 * part[j][2];
+    acc[j][3] += s1 * part[j][3];
+  }
+}
+
 // Weights are streamed once: keep them out of L1.
 __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   uint4 v;
@@ -219,31 +244,21 @@ struct GemvWarp {
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // k-step i of k-tile h
+        // x words 2i, 2i+1 of this lane's 16 activations of k-tile h, per n-tile.
+        uint32_t b0[NT], b1[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint4& v = xs[j][h][i >> 1];
+          b0[j] = (i & 1) ? v.z : v.x, b1[j] = (i & 1) ? v.w : v.y;
+        }
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           const uint4& wv = w[rs][m][h];
-          const uint32_t wi = i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w;
-          const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            // x words 2i, 2i+1 of this lane's 16 activations of k-tile h.
-            const uint4& v = xs[j][h][i >> 1];
-            const uint32_t b0 = (i & 1) ? v.z : v.x, b1 = (i & 1) ? v.w : v.y;
-            mma_bf16_16816(part[m][j], a, b0, b1);
-          }
+          q4_kstep<NT>(part[m], i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w, b0, b1);
         }
       }
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const float s0 = __uint_as_float(sw[rs][m] << 16), s1 = __uint_as_float(sw[rs][m] & 0xffff0000u);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        acc[m][j][0] += s0 * part[m][j][0];
-        acc[m][j][1] += s0 * part[m][j][1];
-        acc[m][j][2] += s1 * part[m][j][2];
-        acc[m][j][3] += s1 * part[m][j][3];
-      }
-    }
+    for (int m = 0; m < MT; ++m) q4_scale_add<NT>(acc[m], part[m], sw[rs][m]);
   }
 
   // Groups [gb, ge) of m-tiles rt.., ST-1 stages ahead. With pdl: the first weights are requested,
