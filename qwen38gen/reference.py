@@ -294,6 +294,12 @@ class Reference:
         return st
 
     # ------------------------------------------------------------------ pieces
+    def _block(self, p: str, x: np.ndarray, mix) -> np.ndarray:
+        """One decoder block (§4, §8.1) on the residual stream x: x + mix(RMS1p(x)), then
+        + MLP(RMS1p(·)). mix is the token mixer (GDN or gated attention), which updates its state."""
+        x = x + mix(rms1p(x, self.w[p + "input_layernorm.weight"], self.eps))
+        return x + self._mlp(p, rms1p(x, self.w[p + "post_attention_layernorm.weight"], self.eps))
+
     def _mlp(self, p: str, h: np.ndarray) -> np.ndarray:
         """MLP(h) = W_down (silu(W_gate h) ⊙ (W_up h)); h [T, hidden]."""
         w = self.w
@@ -398,17 +404,19 @@ class Reference:
             x = self._embed(toks)                                      # [T, hidden] residual stream
             for i, kind in enumerate(cfg.layer_types):
                 p = f"{DECODER}layers.{i}."
-                h = rms1p(x, w[p + "input_layernorm.weight"], self.eps)
                 if kind == LINEAR:
-                    out, state.conv[i][b], state.rec[i][b] = self._gdn(p, h, state.conv[i][b],
-                                                                       state.rec[i][b])
+                    def mix(h, i=i, p=p):
+                        out, state.conv[i][b], state.rec[i][b] = self._gdn(
+                            p, h, state.conv[i][b], state.rec[i][b])
+                        return out
                 else:
                     assert kind == FULL
-                    out, state.k[i][b], state.v[i][b] = self._attn(p, h, p0, state.k[i][b],
-                                                                   state.v[i][b])
-                x = x + out
-                h = rms1p(x, w[p + "post_attention_layernorm.weight"], self.eps)
-                x = x + self._mlp(p, h)
+
+                    def mix(h, i=i, p=p):
+                        out, state.k[i][b], state.v[i][b] = self._attn(
+                            p, h, p0, state.k[i][b], state.v[i][b])
+                        return out
+                x = self._block(p, x, mix)
             h_out = rms1p(x, w[DECODER + "norm.weight"], self.eps)
             hiddens.append(h_out)
             logits.append(h_out @ w["lm_head.weight"].T)
@@ -442,12 +450,12 @@ class Reference:
             u = np.concatenate([rms1p(e, w[MTP + "pre_fc_norm_embedding.weight"], self.eps),  # embedding first
                                 rms1p(hid, w[MTP + "pre_fc_norm_hidden.weight"], self.eps)],  # hidden second
                                axis=-1) @ w[MTP + "fc.weight"].T
-            t = rms1p(u, w[p + "input_layernorm.weight"], self.eps)
-            out, state.mtp_k[b], state.mtp_v[b] = self._attn(
-                p, t, p0, state.mtp_k[b][:, :p0], state.mtp_v[b][:, :p0])
-            u = u + out
-            t = rms1p(u, w[p + "post_attention_layernorm.weight"], self.eps)
-            u = u + self._mlp(p, t)
+
+            def mix(t):
+                out, state.mtp_k[b], state.mtp_v[b] = self._attn(
+                    p, t, p0, state.mtp_k[b][:, :p0], state.mtp_v[b][:, :p0])
+                return out
+            u = self._block(p, u, mix)                                  # one gated-attention block
             h2 = rms1p(u, w[MTP + "norm.weight"], self.eps)
             outs.append(h2)
             logits.append(h2 @ w["lm_head.weight"].T)
