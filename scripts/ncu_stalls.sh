@@ -2,6 +2,10 @@
 # On the GPU machine after scripts/device.sh installed PyCUDA: the warp stall reasons (average
 # warps stalled per issued instruction) of the gemv_sweep PROFILE launches, for ncu.
 #   bash scripts/ncu_stalls.sh SWEEP.cubin > stalls.txt
+#   bash scripts/ncu_stalls.sh SWEEP.cubin DIR    # also: per-SASS-line stall samples in DIR
+# With DIR, a second pass samples warp stalls per instruction (the SourceCounters section) and
+# writes DIR/gemv.ncu-rep and DIR/source.csv (ncu --page source), to see which instructions of
+# the inner loop the warps wait on.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 m=smsp__cycles_active.avg,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
@@ -11,3 +15,9 @@ for r in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_th
 done
 m="$m,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum,lts__t_bytes.sum"
 ncu --metrics "$m" python3 scripts/gemv_sweep.py profile "$1"
+if [ -n "${2:-}" ]; then
+  mkdir -p "$2"
+  ncu --section SourceCounters --section WarpStateStats --import-source no -f -o "$2/gemv" \
+    python3 scripts/gemv_sweep.py profile "$1" > "$2/ncu-source.log" 2>&1
+  ncu --import "$2/gemv.ncu-rep" --page source --csv --print-source sass > "$2/source.csv" 2>&1
+fi
