@@ -5,7 +5,7 @@
 //
 // gemv_q4 gives every warp its own slice of K and its own activation reads (from L1/L2, at the
 // moment a group is multiplied). At 16-64 activation rows that is 4-16 bytes of activations per
-// weight byte per warp, and a warp stalls on them. Here the WR warps of a block own different
+// weight byte per warp, and a warp waits on them. Here the WR warps of a block own different
 // rows (MT m-tiles each) and walk the same groups of K together: each group's activation tile
 // (8*NT rows x 128 bf16) is copied once per block into an ST-stage cp.async ring, beside every
 // warp's weights and scales of that group, and read from there by all WR warps.
@@ -21,12 +21,18 @@
 // fp32 sums in `part`, and the last of the ZS to arrive (an `arrivals` counter, which it resets to
 // 0) adds all KS parts in part order from 0.f and stores y: the same bits again.
 //
+// Measured on an H200 (bench/NOTES.md, version 3): at 64 rows it beats gemv_q4's two 32-row
+// passes by 8-42% on the wide weights (lm_head 964 -> 556 us); at 16 rows and at 1 it loses on
+// every shape (its block barrier per group and its copies cost more than the L1 hits they
+// replace). At 64 rows both kernels issue one mma per ~26 cycles per SM sub-partition, against
+// 6.7 for mma.sync on this chip: they are bound by latency and issue, not by the tensor cores.
+//
 // Launch: grid = (ceil(ceil(N/16) / (MT*WR)), ceil(R / (8*NT)), ZS), block = GemmLaunch::threads
 //   = 32*WR, dynamic smem GemmLaunch::dyn_smem_bytes (the caller raises
 //   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KiB). ZS > 1: `part` holds
 //   GemmLaunch::part_floats * grid.x * grid.y floats, `arrivals` grid.x * grid.y zeroed ints.
-//   Entry point: extern "C" __global__ __launch_bounds__(32*WR, 1) calling gemm_q4 (it calls
-//   pdl_wait itself, after requesting its first weights).
+//   Entry point: extern "C" __global__ __launch_bounds__(32*WR, MB) calling gemm_q4 (it calls
+//   pdl_wait itself, after requesting its first weights); MB = 2 caps a thread at 128 registers.
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemm_q4.cuh -o /dev/null
