@@ -129,12 +129,7 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
   }
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  q4_zero<MT, NT>(acc);
   float* sums = reinterpret_cast<float*>(gemm_smem + ST * SU) + warp * V * 32 + lane;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   // ZS > 1: this warp's lane slot of part p's sums of this row block.
@@ -163,12 +158,7 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
       const uint4* xs = gemm_smem + su * SU;
       const uint4* ws = xs + L::x_stage_uint4 + warp * MT * 66;
       float pt[MT][NT][4];
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pt[m][j][e] = 0.f;
+      q4_zero<MT, NT>(pt);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint4 wv[MT];

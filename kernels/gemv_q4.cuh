@@ -59,6 +59,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Accumulators of MT m-tiles x NT n-tiles (the mma C fragments of one lane) to 0.
+template <int MT, int NT>
+__device__ __forceinline__ void q4_zero(float (&v)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[m][j][e] = 0.f;
+}
+
 // The arithmetic of a group, shared by gemv_q4 and gemm_q4 (their bits must agree): one k-step
 // for one m-tile, the 8 int4 codes of weight word wi (this lane's share of the A fragment) times
 // the B fragments {b0[j], b1[j]} of NT n-tiles into the unscaled partials part[j] ...
@@ -152,16 +163,7 @@ struct GemvWarp {
       const int r = r0 + 8 * j + g;
       xrow[j] = x + (size_t)(r < R ? r : R - 1) * ldx + 16 * c;
     }
-    zero();
-  }
-
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+    q4_zero<MT, NT>(acc);
   }
 
   // Weights and scales of group gi of m-tiles rt..rt+MT-1 into stage s: constant data, safe
@@ -234,12 +236,7 @@ struct GemvWarp {
     if constexpr (!XS) load_x(0, gi);
     const uint4 (&xs)[NT][2][2] = xv[XS ? s : 0];
     float part[MT][NT][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[m][j][e] = 0.f;
+    q4_zero<MT, NT>(part);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll

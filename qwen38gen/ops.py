@@ -156,6 +156,18 @@ def gemm_split(blocks: int, k: int, per_sm: int) -> int:
     return zs
 
 
+def gemm_launch(rows: int, k: int, btg: int, R: int) -> tuple[int, int, int, int, int] | None:
+    """(MT, WR, ST, ZS, MB) of the gemm_q4 launch of a weight over R activation rows, or None
+    where gemv_q4 serves it: gemm_config's schedule, the split gemm_split gives its grid, and
+    the register cap only where the split is (in-block part sums need more than 128)."""
+    gc = gemm_config(rows, k, btg)
+    if gc is None:
+        return None
+    mt, wr, st, mb = gc
+    zs = gemm_split(cdiv(cdiv(rows, 16), mt * wr) * cdiv(R, btg), k, mb)
+    return mt, wr, st, zs, (mb if zs > 1 else 1)
+
+
 def gemm_entry(k: int, btg: int, epi: int, mt: int, wr: int, st: int, zs: int,
                mb: int = 1) -> Entry:
     ks = min(GEMV_KS, k // 128)
@@ -575,12 +587,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
-        gc = gemm_config(n_out, k, btg)
-        if gc:
-            mt, wr, st, mb = gc
+        gl = gemm_launch(n_out, k, btg, R)
+        if gl:
+            mt, wr, st, zs, mb = gl
             gx, gy = cdiv(cdiv(n_out, 16), mt * wr), cdiv(R, btg)
-            zs = gemm_split(gx * gy, k, mb)
-            mb = mb if zs > 1 else 1   # in-block part sums need more than 128 registers
             e = plan.entry(gemm_entry(k, btg, epi, mt, wr, st, zs, mb))
             if zs > 1:
                 scratch["part"] = max(scratch["part"], gemm_part_floats(k, mt, btg // 8, wr) * gx * gy)

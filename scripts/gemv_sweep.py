@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
+from qwen38gen.ops import gemm_part_floats, gemm_smem, gemv_smem  # noqa: E402
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
@@ -53,10 +54,9 @@ def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
-        sums = wr * mt * nt * 4 * 128 if ks_of(k) > 1 and zs == 1 else 0
-        return st * (8 * nt * 17 + wr * mt * 66) * 16 + sums
+        return gemm_smem(k, mt, nt, wr, st, zs)
     _, mt, st, _, a = cfg
-    return a * ks_of(k) * st * mt * 66 * 16
+    return gemv_smem(k, mt, st, a)
 
 
 def shape_of(N, R, nt, k, cfg):
@@ -64,7 +64,7 @@ def shape_of(N, R, nt, k, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
-        return (gx, gy, zs), (32 * wr, 1, 1), ks_of(k) * wr * mt * nt * 128 * gx * gy
+        return (gx, gy, zs), (32 * wr, 1, 1), gemm_part_floats(k, mt, nt, wr) * gx * gy
     mt = cfg[1]
     return (N // (16 * mt), -(-R // (8 * nt)), 1), (32 * ks_of(k), 1, 1), 1
 

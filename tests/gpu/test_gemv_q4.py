@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qwen38gen import ops
 from qwen38gen import weights as wq
 from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
@@ -44,7 +45,7 @@ extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 }}
 """
         fn = build(src).get_function(name)
-        smem = a * ks * st * mt * 66 * 16       # GemvLaunch::dyn_smem_bytes
+        smem = ops.gemv_smem(K, mt, st, a)
         allow_dynamic_smem(fn, smem)
         _MODS[key] = (fn, smem)
     return _MODS[key]
@@ -176,10 +177,11 @@ extern "C" __global__ void __launch_bounds__({32 * wr}, {mb})
                                                               arrivals);
 }}
 static_assert(q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::threads == {32 * wr}, "");
+static_assert(q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::dyn_smem_bytes ==
+              {ops.gemm_smem(K, mt, nt, wr, st, zs)}, "ops.gemm_smem");
 """
         fn = build(src).get_function(name)
-        v = mt * nt * 4
-        smem = st * (8 * nt * 17 + wr * mt * 66) * 16 + (wr * v * 128 if ks > 1 and zs == 1 else 0)
+        smem = ops.gemm_smem(K, mt, nt, wr, st, zs)
         allow_dynamic_smem(fn, smem)
         _GEMM[key] = (fn, smem)
     return _GEMM[key]
@@ -192,7 +194,7 @@ def _run_gemm(k, qw, sc, x, y, N, R, mt, nt, ks, wr, zs):
     fn, smem = k
     tiles = qw.shape[0]
     gx, gy = -(-tiles // (mt * wr)), -(-R // (8 * nt))
-    part = ga.empty(max(1, ks * wr * mt * nt * 4 * 32 * gx * gy), np.float32)
+    part = ga.empty(ops.gemm_part_floats(qw.shape[1] * 64, mt, nt, wr) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
@@ -246,20 +248,16 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
     """The configs ops.gemm_config and ops.gemm_split pick for the program at btg 64 (a wide
     weight, and a long-K one split over blocks), and the same configs at btg 32 (measured, not
     adopted), give gemv_q4's bits, both epilogues."""
-    from qwen38gen import ops
-
     rng = np.random.default_rng([N, K, 7])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     seen = set()
     for btg in (32, 64):
-        mt, wr, st, mb = ops.gemm_config(N, K, 64)
         nt = btg // 8
         for R in (1, btg, btg + 5):
-            gx, gy = -(-qweight.shape[0] // (mt * wr)), -(-R // btg)
-            zs = ops.gemm_split(gx * gy, K, mb)
-            mbz = mb if zs > 1 else 1
+            # the program's launch at btg 64; at btg 32 the same schedule over 32-row tiles
+            mt, wr, st, zs, mbz = ops.gemm_launch(N, K, 64, R * 64 // btg)
             for epi in (0, 1):
                 fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mbz)
                 ref_fn = _kernel(K, 1, nt, ks, epi)
