@@ -167,13 +167,13 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
     return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels)
 
 
-def compile_kernels(source: str, name: str) -> GateResult:
+def compile_kernels(source: str, name: str, arch: str = "sm_90") -> GateResult:
     """compile_source for a translation unit over kernels/ (the sweep scripts' variants): a
     compile error is printed with its log and exits 1."""
     from .emit import KERNELS_DIR
 
     try:
-        return compile_source(source, name, include_dirs=(str(KERNELS_DIR),))
+        return compile_source(source, name, arch=arch, include_dirs=(str(KERNELS_DIR),))
     except CompileError as e:
         print(e, file=sys.stderr)
         raise SystemExit(1) from None

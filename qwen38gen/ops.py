@@ -186,6 +186,33 @@ def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
     return min(GEMV_KS, k // 128) * wr * mt * nt * 4 * 32
 
 
+# wgmma_q4 (kernels/wgmma_q4.cuh, sm_90a): gemv_q4's arithmetic on warpgroup MMA, the four warps
+# of a warpgroup owning 64 rows and the activation tile in shared memory as the B operand.
+def wgmma_smem(k: int, nt: int, wg: int, xs: int, zs: int) -> int:
+    """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes)."""
+    ks = min(GEMV_KS, k // 128)
+    sums = 128 * wg * nt * 4 * 4 if ks > 1 and zs == 1 else 0
+    return xs * (8 * nt * 256 + 4 * wg * 66 * 16) + sums
+
+
+def wgmma_part_floats(k: int, nt: int, wg: int) -> int:
+    """fp32 partials per row block of a ZS > 1 launch (WgmmaLaunch::part_floats)."""
+    return min(GEMV_KS, k // 128) * 128 * wg * nt * 4
+
+
+def wgmma_entry(k: int, btg: int, epi: int, wg: int, xs: int, zs: int, mb: int = 1,
+                pipe: int = 0) -> Entry:
+    ks = min(GEMV_KS, k // 128)
+    nt = btg // 8
+    smem = wgmma_smem(k, nt, wg, xs, zs)
+    targs = f"{k}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, {pipe}"
+    return Entry(name=f"q38_gemv_k{k}_wg{wg}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_p{pipe}_b{mb}",
+                 call=f"q38::wgmma_q4<{targs}>", params=GEMM_PARAMS, threads=128 * wg, smem=smem,
+                 waits=True, min_blocks=mb,
+                 asserts=(f"q38::WgmmaLaunch<{nt}, {ks}, {wg}, {xs}, {zs}, {pipe}>::dyn_smem_bytes "
+                          f"== {smem}",))
+
+
 # ------------------------------------------------------------------------------------ plan
 @dataclass
 class Plan:

@@ -1,5 +1,5 @@
-"""Sweep the schedule knobs of gemv_q4 (MT, ST, XS, AS) and gemm_q4 (MT, WR, ST, ZS) at each NT
-over the 27B decode shapes.
+"""Sweep the schedule knobs of gemv_q4 (MT, ST, XS, AS), gemm_q4 (MT, WR, ST, ZS) and wgmma_q4
+(WG, XS, ZS, PIPE) at each NT over the 27B decode shapes.
 
   python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (gate cache)
   python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
@@ -20,18 +20,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
-from qwen38gen.ops import gemm_part_floats, gemm_smem, gemv_smem  # noqa: E402
+from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_floats,  # noqa: E402
+                           wgmma_smem)
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4 or ("g", MT, WR, ST, ZS, MB)
-# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds); the first is the
-# bitwise reference of its NT.
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
+# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, XS,
+# ZS, MB, PIPE) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    4: (32, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("g", 2, 8, 4, 1, 1),
-             ("g", 1, 8, 4, 1, 1), ("g", 1, 8, 3, 8, 2), ("g", 2, 4, 4, 1, 1), ("g", 1, 8, 4, 8, 1),
-             ("g", 1, 4, 4, 1, 2)]),
+    8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("w", 1, 4, 1, 1, 0), ("w", 1, 3, 1, 1, 0),
+             ("w", 2, 3, 1, 1, 0), ("w", 1, 4, 4, 1, 0), ("w", 1, 4, 1, 1, 1)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 1, 4, 1, 1, 0), ("w", 1, 6, 1, 1, 0), ("w", 2, 4, 1, 1, 0),
+             ("w", 1, 4, 4, 1, 0)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("w", 1, 6, 1, 1, 0), ("w", 1, 8, 1, 1, 0),
+             ("w", 2, 6, 1, 1, 0), ("w", 1, 6, 4, 1, 0)]),
+    1: (8, [("b", 1, 2, 0, 0), ("w", 1, 8, 1, 1, 0), ("w", 1, 8, 4, 1, 0)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt) covered NT = 1, 2,
 # 4 (at 64 rows) and 8 with the configs listed there.
@@ -43,6 +48,9 @@ def ks_of(k: int) -> int:
 
 
 def name(k, nt, cfg):
+    if cfg[0] == "w":
+        _, wg, xs, zs, mb, pipe = cfg
+        return f"sw_k{k}_wg{wg}_n{nt}_x{xs}_z{zs}_b{mb}_p{pipe}"
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -52,6 +60,9 @@ def name(k, nt, cfg):
 
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
+    if cfg[0] == "w":
+        _, wg, xs, zs, _, _ = cfg
+        return wgmma_smem(k, nt, wg, xs, zs)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -61,6 +72,10 @@ def smem_of(k, nt, cfg):
 
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
+    if cfg[0] == "w":
+        _, wg, xs, zs, _, _ = cfg
+        gx, gy = -(-(N // 16) // (4 * wg)), -(-R // (8 * nt))
+        return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg) * gx * gy
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
@@ -82,9 +97,17 @@ def instances():
 
 
 def source() -> str:
-    out = ['#include "gemm_q4.cuh"']
+    out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
+        if cfg[0] == "w":
+            _, wg, xs, zs, mb, pipe = cfg
+            out.append(
+                f'extern "C" __global__ void __launch_bounds__({128 * wg}, {mb}) {name(k, nt, cfg)}('
+                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
+                f"int ldy, int N, int R, float* part, int* arr) {{ q38::wgmma_q4<{k}, {nt}, "
+                f"{ks}, 0, {wg}, {xs}, {zs}, {pipe}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
+            continue
         if cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             out.append(
@@ -103,7 +126,7 @@ def source() -> str:
 
 
 def build(cubin: str):
-    res = compile_kernels(source(), "gemv_sweep.cu")
+    res = compile_kernels(source(), "gemv_sweep.cu", arch="sm_90a")
     shutil.copyfile(res.cubin, cubin)
     regs = {k.name: f"Used {k.registers} registers, {k.smem} bytes smem"
             + (f" SPILL {k.spill_stores}/{k.spill_loads} B, stack {k.stack} B"
@@ -175,10 +198,15 @@ def run(cubin: str, reps: int = 20):
                 same = True if ref is None else bool(np.array_equal(out, ref))
                 if ref is None:
                     ref = out
+                    reff = (ref.astype(np.uint32) << 16).view(np.float32)
+                outf = (out.astype(np.uint32) << 16).view(np.float32)
+                err = float(np.nanmax(np.abs(outf - reff)) / max(np.abs(reff).max(), 1e-30))
+                if not np.isfinite(outf).all():
+                    err = float("inf")
                 t = time_back_to_back(drv, s, launch, reps)
                 results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt,
                                 "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
-                                "bitwise_same": same, "count": count,
+                                "bitwise_same": same, "err": err, "count": count,
                                 "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
             y.free()
@@ -232,6 +260,7 @@ def report(results):
     for r in results:
         print(f"{r['shape']:8s} {r['R']:3d} {r['nt']:2d} {str(tuple(r['cfg'])):22s} "
               f"{r['us']:9.1f} {r['gbs']:7.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  "
+              f"{'' if r['bitwise_same'] else 'err %.1e ' % r.get('err', 0)}"
               f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}")
     print("\nbest per (shape, NT) and the step-weighted GEMV time:")
     best = {}

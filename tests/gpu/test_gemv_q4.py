@@ -272,3 +272,94 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
                     f"N={N} K={K} btg={btg} gemm {mt, wr, st, zs, mbz} epi={epi} R={R}: bits differ"
                 seen.add((btg, zs))
     print(f"gemm_q4 N={N} K={K}: program configs (btg, ZS) {sorted(seen)} bitwise equal to gemv_q4")
+
+
+# wgmma_q4 configs (NT, WG, XS, ZS, MB, PIPE): warpgroups per block, ring stages, blocks
+# splitting K, min blocks per SM, the two-deep pipeline; 16- to 64-row tiles and one 8-row tile.
+WGMMA_CONFIGS = [(8, 1, 4, 1, 1, 0), (8, 2, 3, 1, 1, 0), (8, 1, 3, 8, 1, 0), (8, 1, 4, 1, 1, 1),
+                 (4, 1, 4, 1, 1, 0), (4, 2, 4, 2, 1, 0), (2, 1, 6, 1, 1, 0), (2, 1, 2, 4, 1, 0),
+                 (1, 1, 8, 1, 1, 0)]
+_WGMMA: dict = {}
+
+
+def _wgmma_kernel(K, nt, ks, epi, wg, xs, zs, mb, pipe):
+    key = (K, nt, ks, epi, wg, xs, zs, mb, pipe)
+    if key not in _WGMMA:
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}_{mb}_{pipe}"
+        targs = f"{nt}, {ks}, {wg}, {xs}, {zs}, {pipe}"
+        src = f"""
+#include "wgmma_q4.cuh"
+extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R, float* part, int* arrivals) {{
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, {pipe}>(q, s, x, ldx, y, ldy, N, R,
+                                                                 part, arrivals);
+}}
+static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
+static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {ops.wgmma_smem(K, nt, wg, xs, zs)},
+              "ops.wgmma_smem");
+static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg)}, "");
+"""
+        fn = build(src, arch="sm_90a").get_function(name)
+        smem = ops.wgmma_smem(K, nt, wg, xs, zs)
+        allow_dynamic_smem(fn, smem)
+        _WGMMA[key] = (fn, smem)
+    return _WGMMA[key]
+
+
+def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, zs):
+    """Launch wgmma_q4; returns the arrival counters (every launch must leave them at 0)."""
+    import pycuda.gpuarray as ga
+
+    fn, smem = k
+    tiles = qw.shape[0]
+    gx, gy = -(-tiles // (4 * wg)), -(-R // (8 * nt))
+    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg) * gx * gy, np.float32)
+    part.fill(np.float32(np.nan))
+    arrivals = ga.zeros(gx * gy, np.int32)
+    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
+       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(128 * wg, 1, 1),
+       grid=(gx, gy, zs), shared=smem)
+    return arrivals.get()
+
+
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (1280 + 768 + 32, 512), (96, 5120),
+                                 (40, 1024), (5120, 6144), (5120, 17408)])
+def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
+    """wgmma_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
+    not multiples of the tile, an activation stride wider than K, weights whose rows do not fill
+    the last warpgroup, and leaves its counters at 0; so ops may pick it per shape and batch
+    without touching a row's result."""
+    rng = np.random.default_rng([N, K, 8])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    tried = 0
+    for nt, wg, xs, zs, mb, pipe in WGMMA_CONFIGS:
+        if ks % zs:
+            continue
+        for epi in (0, 1):
+            ref_fn = _kernel(K, 1, nt, ks, epi)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, xs, zs, mb, pipe)
+            for R in (1, 3, 8 * nt, 8 * nt + 5):
+                xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
+                x = to_gpu(xh)   # ldx = K + 24: rows wider than K
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                ref_grid = (qweight.shape[0], -(-R // (8 * nt)))
+                ref_fn[0](qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K + 24), want.gpudata,
+                          np.int32(N), np.int32(N), np.int32(R), block=(32 * ks, 1, 1),
+                          grid=ref_grid, shared=ref_fn[1])
+                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, zs)
+                g = got.get()
+                cfg = (nt, wg, xs, zs, mb, pipe)
+                assert not arr.any(), f"wgmma {cfg}: arrival counters left {arr}"
+                if not epi:
+                    e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
+                    assert e < TOL, f"N={N} K={K} wgmma {cfg} R={R}: rel err {e:.2e}"
+                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} wgmma {cfg} epi={epi} R={R}: bits differ"
+                tried += 1
+    assert tried
+    print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
