@@ -21,6 +21,7 @@ from rich.table import Table
 
 from qwen38gen import __version__
 from qwen38gen.errors import UserError
+from qwen38gen.lanes import DEFAULT_ARCH
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -188,7 +189,7 @@ def lanes_cmd():
 @click.option("--mtp", type=int, default=0, show_default=True, is_flag=False, flag_value=1,
               help="MTP draft tokens per verify pass, 1..4 (0: off; --mtp alone: 1): the "
                    "speculative-decoding program (verify, accept, MTP drafter).")
-@click.option("--arch", default="sm_90", show_default=True)
+@click.option("--arch", default=DEFAULT_ARCH, show_default=True)
 @click.option("--lm-head", default="int4", show_default=True, help="lm_head precision.")
 @click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
@@ -285,7 +286,7 @@ def _lanes_options(f):
         click.option("--pt", type=int, default=None, help="Prefill chunk ($QWEN38_PT, else 16)."),
         click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
                      flag_value=1, help="MTP draft tokens (check: speculative decoding)."),
-        click.option("--arch", default="sm_90", show_default=True),
+        click.option("--arch", default=DEFAULT_ARCH, show_default=True),
         click.option("--lm-head", default="int4", show_default=True),
     ]):
         f = opt(f)

@@ -20,18 +20,19 @@
 // matrix blocks (8 activation rows) x 2 halves (k 0-7, 8-15 of the step) x 128 bytes (8 rows x
 // 16 bytes), no swizzle, K-major: leading byte offset (the next 8 k) 128, stride byte offset (the
 // next 8 rows) 256. Word c of a core-matrix row holds activations 16c + 4i + {0,1} (half 0) or
-// {2,3} (half 1) of k-tile h for k-step 4h + i, so the copy scatters 4-byte words (cp.async 4).
-// Each group's weights and scales go to the same ring stage (cp.async 16, as gemm_q4), and
-// the A fragments are dequantized from there into registers. PIPE = 0: a group's 8 wgmmas are
-// waited for before the next group is dequantized (the overlap comes from the other blocks on
-// the SM). PIPE = 1: two groups deep, group g's wgmmas run while group g+1 is dequantized and
-// group g-1 is scaled; ptxas then serializes the wgmmas (C7513: registers of a later wgmma are
-// written while one is in flight), so both are measured.
+// {2,3} (half 1) of k-tile h for k-step 4h + i: four 16-byte loads of a row, 32 bytes apart,
+// transpose in registers into four 16-byte core-matrix rows. The tile is double-buffered: group
+// g+1's is stored (from registers loaded a group earlier) while group g's is multiplied.
+// Each group's weights and scales go to an XS-stage ring (cp.async 16, as gemm_q4), and
+// the A fragments are dequantized from there into registers; a group's wgmmas are waited for
+// before the next group is dequantized (writing a later wgmma's registers while one is in flight
+// makes ptxas serialize them, C7513). MW = 2 gives each warpgroup two independent accumulator
+// chains over one activation tile; other blocks on the SM fill the tensor pipe too.
 //
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
 // scratch and the `arrivals` counters, merged in part order by the last block to arrive).
 //
-// Launch: grid = (ceil(ceil(N/16) / (4*WG)), ceil(R / (8*NT)), ZS), block = 128*WG, dynamic
+// Launch: grid = (ceil(ceil(N/16) / (4*WG*MW)), ceil(R / (8*NT)), ZS), block = 128*WG, dynamic
 //   smem WgmmaLaunch::dyn_smem_bytes (above 48 KiB the caller raises the limit). ZS > 1: `part`
 //   holds WgmmaLaunch::part_floats * grid.x * grid.y floats, `arrivals` grid.x * grid.y zeroed
 //   ints. Entry point: extern "C" __global__ __launch_bounds__(128*WG, MB) calling wgmma_q4.
@@ -39,28 +40,27 @@
 // Compiles alone:
 //   nvcc -arch=sm_90a -std=c++17 -cubin -Xptxas -v -x cu kernels/wgmma_q4.cuh -o /dev/null
 #pragma once
-#include <type_traits>
-
 #include "gemv_q4.cuh"
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int XS, int ZS = 1, int PIPE = 0>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1>
 struct WgmmaLaunch {
-  static_assert(WG == 1 || WG == 2, "wgmma_q4: 1 or 2 warpgroups per block");
-  static_assert(XS >= 2 + PIPE && XS <= 8, "wgmma_q4: 2 + PIPE <= XS <= 8 ring stages");
-  static constexpr int ahead = XS - 1 - PIPE;                // groups copied ahead
+  static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
+  static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
+  static_assert(XS >= 2 && XS <= 8, "wgmma_q4: 2 <= XS <= 8 ring stages");
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_q4: ZS must divide KS");
   static constexpr int threads = 128 * WG;
-  static constexpr int rows_per_block = 64 * WG;
+  static constexpr int rows_per_block = 64 * WG * MW;
   static constexpr int btg = 8 * NT;
-  static constexpr int x_stage_bytes = 8 * NT * 256;       // 8 k-steps x NT blocks x 2 x 128 B
-  static constexpr int w_stage_bytes = 4 * WG * 66 * 16;   // per warp 64 uint4 weights, 2 scales
-  static constexpr int stage_bytes = x_stage_bytes + w_stage_bytes;
-  static constexpr int values = NT * 4;                    // accumulators per thread
+  static constexpr int w_stage_bytes = 4 * WG * MW * 66 * 16;   // per warp and block: 64 uint4, 2 of scales
+  static constexpr int x_stage_bytes = 8 * NT * 256;            // 8 k-steps x NT blocks x 2 x 128 B
+  static constexpr int x_units = 32 * NT;                       // (row, k-tile, half) of a group
+  static constexpr int x_per_thread = (x_units + threads - 1) / threads;
+  static constexpr int values = MW * NT * 4;                    // accumulators per thread
   static constexpr int sum_bytes = KS > 1 && ZS == 1 ? threads * values * 4 : 0;
-  static constexpr int part_floats = KS * threads * values;  // per row block (ZS > 1)
-  static constexpr int dyn_smem_bytes = XS * stage_bytes + sum_bytes;
+  static constexpr int part_floats = KS * threads * values;     // per row block (ZS > 1)
+  static constexpr int dyn_smem_bytes = XS * w_stage_bytes + 2 * x_stage_bytes + sum_bytes;
 };
 
 // One wgmma.m64nNk16 (N = 8*NT), bf16 x bf16 -> fp32, A from registers (this warp's m16k16
@@ -126,59 +126,84 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 }
 // Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void cp_async4_s(unsigned smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem), "l"(gmem) : "memory");
-}
 
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
-// EPI: GemvEpilogue; WG: warpgroups per block, on different rows; XS: ring stages (XS-1-PIPE
-// groups copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z);
-// PIPE: 0 or 1, above.
-template <int K, int NT, int KS, int EPI, int WG, int XS, int ZS = 1, int PIPE = 0>
+// EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
+// warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
+// copied ahead of the one multiplied, weights only); ZS: blocks splitting the parts of K (grid.z).
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, XS, ZS, PIPE>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads, W = 4 * WG;
-  constexpr int SB = L::stage_bytes, XB = L::x_stage_bytes, D = L::ahead;
-  extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][x tile | weights], then the sums
+  constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1;
+  constexpr int XO = XS * SB;  // the two activation tiles follow the weight ring
+  extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][weights], [2][x tile], the sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   const int tiles = (N + 15) >> 4;
-  const int rt = blockIdx.x * W + warp;  // this warp's m-tile
-  const bool active = rt < tiles;
-  const int rtc = active ? rt : tiles - 1;  // every warp of a warpgroup takes part in its wgmma
+  // This warp's m-tiles: tile q = warp % 4 of each of its warpgroup's MW 64-row blocks.
+  const int mt0 = ((blockIdx.x * WG + (warp >> 2)) * MW) * 4 + (warp & 3);
   const int r0 = blockIdx.y * (8 * NT);
   const unsigned smem0 = (unsigned)__cvta_generic_to_shared(wgmma_smem);
 
-  // This warp's weights and scales of group gi into stage s (constant data: safe before pdl_wait).
-  const uint4* wsrc = qweight + (size_t)rtc * KT * 32 + lane;
-  const unsigned short* ssrc =
-      reinterpret_cast<const unsigned short*>(scales) + (size_t)rtc * NG * 16 + 8 * (lane & 1);
-  const unsigned wdst = XB + (warp * 66 + lane) * 16;
+  // This warp's weights and scales of group gi into stage s (constant data: safe before
+  // pdl_wait). Rows past N read the last tile: every warp of a warpgroup takes part in its wgmma.
+  const uint4* wsrc[MW];
+  const unsigned short* ssrc[MW];
+#pragma unroll
+  for (int b = 0; b < MW; ++b) {
+    const int t = min(mt0 + 4 * b, tiles - 1);
+    wsrc[b] = qweight + (size_t)t * KT * 32 + lane;
+    ssrc[b] = reinterpret_cast<const unsigned short*>(scales) + (size_t)t * NG * 16 + 8 * (lane & 1);
+  }
+  const unsigned wdst = (warp * MW * 66 + lane) * 16;
   auto load_w = [&](int s, int gi) {
     const unsigned d = smem0 + s * SB + wdst;
-    cp_async16_s(d, wsrc + gi * 64);
-    cp_async16_s(d + 32 * 16, wsrc + gi * 64 + 32);
-    if (lane < 2) cp_async16_s(d + 64 * 16, ssrc + gi * 16);  // slots 64, 65: the 16 scales
+#pragma unroll
+    for (int b = 0; b < MW; ++b) {
+      cp_async16_s(d + b * 66 * 16, wsrc[b] + gi * 64);
+      cp_async16_s(d + (b * 66 + 32) * 16, wsrc[b] + gi * 64 + 32);
+      if (lane < 2) cp_async16_s(d + (b * 66 + 64) * 16, ssrc[b] + gi * 16);  // slots 64, 65: scales
+    }
   };
-  // The activation tile of group gi into stage s, scattered into the B layout. Lane (n8, c)
-  // copies word u of chunk c of k-tile h of row 8*nb + n8; the 16*NT (nb, h, u) are spread over
-  // the W warps: warp w takes (h, u) = divmod(w + m, 8) for m = 0, W, 2W, .. < 16.
-  const int n8 = lane >> 2;
-  int xoff[NT];  // byte offset of this lane's row of each core block (rows >= R read row R-1)
+  // The activation tile of a group, in two steps a group apart: load_x reads this thread's units
+  // (row n, k-tile h, half ih: the 16 bytes at 32j + 16ih of the row's 128-byte k-tile, j = 0..3)
+  // into registers; store_x writes them as 4 core-matrix rows, row t (t = 0..3) holding word t
+  // of each of the 4 loads: k-step 4h + 2ih + t/2, half t%2. Unit u of a group: n8 = u % 8,
+  // ih = u / 8 % 2, nb = u / 16 % NT, h = u / (16 NT); 8 lanes store the 8 rows of one core
+  // matrix, so the 16-byte stores meet no bank conflict.
+  constexpr int XP = L::x_per_thread;
+  int xoff[XP];       // byte offset of unit i in the row block of x, -1 past the units
+  unsigned xdst[XP];  // its first core row in a tile
 #pragma unroll
-  for (int nb = 0; nb < NT; ++nb) xoff[nb] = min(r0 + 8 * nb + n8, R - 1) * ldx * 2;
-  const char* xsrc = reinterpret_cast<const char*>(x) + 4 * (warp + 8 * c);
-  const unsigned xdst = ((warp >> 1) * NT * 256) + (warp & 1) * 128 + n8 * 16 + c * 4;
-  auto load_x = [&](int s, int gi) {
-    const unsigned d = smem0 + s * SB + xdst;
-    const char* src = xsrc + gi * 256;
+  for (int i = 0; i < XP; ++i) {
+    const int u = tid + i * T, n8 = u & 7, ih = (u >> 3) & 1, nb = (u >> 4) % NT, h = u / (16 * NT);
+    const int row = min(r0 + 8 * nb + n8, R - 1);
+    xoff[i] = u < L::x_units ? row * ldx * 2 + h * 128 + ih * 16 : -1;
+    xdst[i] = ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16;
+  }
+  uint4 xr[XP][4];
+  auto load_x = [&](int gi) {
+    const char* src = reinterpret_cast<const char*>(x) + gi * 256;
 #pragma unroll
-    for (int nb = 0; nb < NT; ++nb)
+    for (int i = 0; i < XP; ++i)
+      if (xoff[i] >= 0)
 #pragma unroll
-      for (int m = 0; m < 16; m += W)
-        cp_async4_s(d + ((m >> 1) * NT + nb) * 256, src + xoff[nb] + 4 * ((m >> 3) * 32 + (m & 7)));
+        for (int j = 0; j < 4; ++j) xr[i][j] = ldg16(src + xoff[i] + 32 * j);
+  };
+  auto store_x = [&](int slot) {
+    char* t = reinterpret_cast<char*>(wgmma_smem) + XO + slot * XB;
+#pragma unroll
+    for (int i = 0; i < XP; ++i)
+      if (xoff[i] >= 0) {
+        uint4* d = reinterpret_cast<uint4*>(t + xdst[i]);
+        d[0] = make_uint4(xr[i][0].x, xr[i][1].x, xr[i][2].x, xr[i][3].x);                 // t = 0
+        d[8] = make_uint4(xr[i][0].y, xr[i][1].y, xr[i][2].y, xr[i][3].y);                 // t = 1 (+128 B)
+        d[NT * 16] = make_uint4(xr[i][0].z, xr[i][1].z, xr[i][2].z, xr[i][3].z);           // t = 2
+        d[NT * 16 + 8] = make_uint4(xr[i][0].w, xr[i][1].w, xr[i][2].w, xr[i][3].w);       // t = 3
+      }
   };
 
   // This block's parts [pa, pb) and their groups [gb, ge).
@@ -188,109 +213,106 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
   for (int s = 0; s < D; ++s)
     if (gb + s < ge) load_w(s, gb + s);
-  pdl_wait();  // x comes from the previous kernel
 #pragma unroll
-  for (int s = 0; s < D; ++s) {
-    if (gb + s < ge) load_x(s, gb + s);
-    cp_async_commit();  // D commit groups, even with fewer groups
-  }
+  for (int s = 0; s < D; ++s) cp_async_commit();  // D commit groups, even with fewer groups
+  pdl_wait();  // x comes from the previous kernel
+  load_x(gb);
+  store_x(0);
+  if (gb + 1 < ge) load_x(gb + 1);
 
-  float acc[NT][4], pt[2][NT][4];
-  q4_zero<1, NT>(*reinterpret_cast<float(*)[1][NT][4]>(&acc));
-  q4_zero<2, NT>(pt);
-  uint32_t a[2][8][4], sw[2];
-  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XS * SB) + tid;
+  float acc[MW][NT][4], pt[MW][NT][4];
+  q4_zero<MW, NT>(acc);
+  q4_zero<MW, NT>(pt);
+  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XO + 2 * XB) + tid;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   const size_t blk = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
   auto pslot = [&](int p) { return part_buf + ((size_t)p * gridDim.x * gridDim.y + blk) * (T * V) + tid; };
-  const uint64_t desc0 = (uint64_t)((smem0 & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 |
+  const uint64_t desc0 = (uint64_t)(((smem0 + XO) & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 |
                          (uint64_t)(256 >> 4) << 32;
 
-  // Group gj's partial (parity P) is complete: scale it into acc; at the end of a part, the sums.
-  auto finish = [&](float (&p)[NT][4], uint32_t s, int gj) {
-    q4_scale_add<NT>(acc, p, s);
-    if (KS > 1 && gj + 1 == part_end) {
-      float* pv = ZS > 1 ? pslot(part) : sums;
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float* sv = pv + (j * 4 + e) * T;
-          if constexpr (ZS > 1) __stcg(sv, acc[j][e]);
-          else *sv = (part == 0 ? 0.f : *sv) + acc[j][e];
-          acc[j][e] = 0.f;
-        }
-      ++part;
-      part_end = ((part + 1) * NG) / KS;
-    }
-  };
-
   int s_use = 0, s_fill = D;  // the stage multiplied / refilled
-  auto step = [&](auto parity, int gi) {
-    constexpr int P = decltype(parity)::value;
-    cp_async_wait<D - 1>();  // group gi's copies (this thread's) have landed
-    fence_proxy_async();     // ... visible to the tensor cores
-    __syncthreads();         // ... everyone's; and the stage refilled next is free (its wgmmas are done)
-    if (gi + D < ge) {
-      load_w(s_fill, gi + D);
-      load_x(s_fill, gi + D);
-    }
+#pragma unroll 1
+  for (int gi = gb; gi < ge; ++gi) {
+    cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
+    fence_proxy_async();     // this thread's activation stores visible to the tensor cores
+    __syncthreads();         // ... everyone's, and group gi's activation tile; group gi-1's
+                             // weight stage and activation tile are free (its wgmmas are done)
+    if (gi + D < ge) load_w(s_fill, gi + D);
     cp_async_commit();
     s_fill = s_fill == XS - 1 ? 0 : s_fill + 1;
-    // Dequantize group gi into A buffer P (free: the wgmmas that read it are done).
-    const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB + XB) + warp * 66;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint4 wv = ws[32 * h + lane];
-      const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[P][4 * h + i][j] = q4_pair(wi[i], j);
+    const int xs = (gi - gb) & 1;  // group gi's activation tile
+    if (gi + 1 < ge) {
+      store_x(xs ^ 1);
+      if (gi + 2 < ge) load_x(gi + 2);
     }
-    {
-      const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + 64);
-      sw[P] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+    // Dequantize group gi: this warp's A fragments of the MW blocks, and their scales.
+    const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB) +
+                      warp * MW * 66;
+    uint32_t a[MW][8][4], sw[MW];
+#pragma unroll
+    for (int b = 0; b < MW; ++b) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 wv = ws[b * 66 + 32 * h + lane];
+        const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[b][4 * h + i][j] = q4_pair(wi[i], j);
+      }
+      const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + b * 66 + 64);
+      sw[b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
     }
     uint64_t desc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      desc[k] = desc0 + (uint64_t)((s_use * SB + k * NT * 256) >> 4);
+      desc[k] = desc0 + (uint64_t)((xs * XB + k * NT * 256) >> 4);
       asm volatile("" : "+l"(desc[k]));  // every input of the wgmmas is defined before they start
 #pragma unroll
-      for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[P][k][j]));
+      for (int b = 0; b < MW; ++b)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][k][j]));
     }
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 8; ++k) Wgmma<NT>::mma(pt[P], a[P][k], desc[k], k);
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[b], a[b][k], desc[k], k);
     wgmma_commit();
-    if constexpr (PIPE) {
-      wgmma_wait<1>();  // group gi-1's wgmmas are done
-      wgmma_fence_regs<NT>(pt[1 - P]);
-      if (gi > gb) finish(pt[1 - P], sw[1 - P], gi - 1);
-    } else {
-      wgmma_wait<0>();
-      wgmma_fence_regs<NT>(pt[P]);
-      finish(pt[P], sw[P], gi);
-    }
-  };
-#pragma unroll 1
-  for (int gi = gb; gi < ge; gi += 2) {
-    step(std::integral_constant<int, 0>{}, gi);
-    if (gi + 1 < ge) step(std::integral_constant<int, PIPE>{}, gi + 1);
-  }
-  if constexpr (PIPE) {
     wgmma_wait<0>();
-    if ((ge - gb) & 1) {
-      wgmma_fence_regs<NT>(pt[0]);
-      finish(pt[0], sw[0], ge - 1);
-    } else {
-      wgmma_fence_regs<NT>(pt[1]);
-      finish(pt[1], sw[1], ge - 1);
+#pragma unroll
+    for (int b = 0; b < MW; ++b) {
+      wgmma_fence_regs<NT>(pt[b]);
+      q4_scale_add<NT>(acc[b], pt[b], sw[b]);
+    }
+    if (KS > 1 && gi + 1 == part_end) {
+      // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's
+      // reduction); ZS > 1: its acc goes to part_buf for the merging block.
+      float* pv = ZS > 1 ? pslot(part) : sums;
+#pragma unroll
+      for (int b = 0; b < MW; ++b)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float* sv = pv + ((b * NT + j) * 4 + e) * T;
+            if constexpr (ZS > 1) __stcg(sv, acc[b][j][e]);
+            else *sv = (part == 0 ? 0.f : *sv) + acc[b][j][e];
+            acc[b][j][e] = 0.f;
+          }
+      ++part;
+      part_end = ((part + 1) * NG) / KS;
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+  // Value v = (b*NT + j)*4 + e of this thread: output feature n, activation row r.
+  auto out_index = [&](int v, int& n, int& r) {
+    const int b = v / (NT * 4), j = (v / 4) % NT, e = v % 4;
+    n = (mt0 + 4 * b) * 16 + g + (e >= 2 ? 8 : 0);
+    r = r0 + 8 * j + 2 * c + (e & 1);
+  };
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
     __shared__ int last;
@@ -301,7 +323,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       if (last) arrivals[blk] = 0;  // every launch leaves the counters at 0
     }
     __syncthreads();
-    if (!last || !active) return;
+    if (!last) return;
     __threadfence();
 #pragma unroll 1
     for (int v = 0; v < V; ++v) {
@@ -309,22 +331,22 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
       for (int p = 0; p < KS; ++p) s += __ldcg(pslot(p) + v * T);
       int n, r;
-      gemv_out_index(v, NT, lane, rt, r0, n, r);
+      out_index(v, n, r);
       gemv_store<EPI>(y, ldy, n, r, N, R, s);
     }
     return;
   }
-  if (!active) return;
-  if constexpr (KS > 1) __syncwarp();
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int b = 0; b < MW; ++b)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int v = j * 4 + e;
-      int n, r;
-      gemv_out_index(v, NT, lane, rt, r0, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[j][e]);
-    }
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int v = (b * NT + j) * 4 + e;
+        int n, r;
+        out_index(v, n, r);
+        gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[b][j][e]);
+      }
 }
 
 }  // namespace q38

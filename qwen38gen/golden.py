@@ -57,8 +57,9 @@ def golden_prompts(cfg: ModelConfig, seed: int = PROMPT_SEED) -> list[list[int]]
 
 
 def golden_lanes() -> Lanes:
-    """The batch-1 program that produces the golden runs."""
-    return Lanes.make(1, pt=DEFAULT_PT)
+    """The batch-1 program that produces the golden runs (the portable sm_90 build: the batched
+    programs of either arch are checked against it bit for bit)."""
+    return Lanes.make(1, pt=DEFAULT_PT, arch="sm_90")
 
 
 def golden_path(cfg: ModelConfig | None = None, lanes: Lanes | None = None) -> Path:

@@ -1,5 +1,6 @@
 """The lane matrix that `make gate` compiles: models × batches × prefill widths, plus the mtp
-lanes (models × B ∈ MTP_BATCHES × K ∈ MTP_K at the default pt)."""
+lanes (models × B ∈ MTP_BATCHES × K ∈ MTP_K at the default pt) and the portable sm_90 build
+(models × B ∈ PORTABLE_BATCHES at the default pt); the rest use the default arch."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ BATCHES = (1, 2, 3, 4, 8, 16, 17, 32, 64)
 PTS = (1, DEFAULT_PT, 64)
 MTP_BATCHES = (1, 16)
 MTP_K = (1, 2)
+PORTABLE_BATCHES = (16, 64)   # the sm_90 build (no wgmma) at the default pt
 
 
 def matrix_lanes() -> list[tuple[str, Lanes]]:
     return ([(m, Lanes.make(b, pt=pt)) for m in MODELS for b in BATCHES for pt in PTS]
             + [(m, Lanes.make(b, pt=DEFAULT_PT, mtp=k))
-               for m in MODELS for b in MTP_BATCHES for k in MTP_K])
+               for m in MODELS for b in MTP_BATCHES for k in MTP_K]
+            + [(m, Lanes.make(b, pt=DEFAULT_PT, arch="sm_90"))
+               for m in MODELS for b in PORTABLE_BATCHES])
 
 
 def run_matrix(jobs: int = 2, console=None, out_dir: Path | None = None):

@@ -143,12 +143,12 @@ def gemm_smem(k: int, mt: int, nt: int, wr: int, st: int, zs: int) -> int:
 
 
 def gemm_split(blocks: int, k: int, per_sm: int) -> int:
-    """ZS: 1 when the row blocks nearly fill the GPU (three quarters of its SMs), else the fewest
-    blocks per row block (a divisor of KS) that give about one wave of resident blocks (per_sm
-    per SM). (gdn.in at 64 rows: 129 blocks at ZS = 1 measured 52.6 us; down: 40 row blocks,
+    """ZS: 1 when the row blocks nearly fill the GPU (three quarters of per_sm blocks per SM), else
+    the fewest blocks per row block (a divisor of KS) that give about one wave of resident blocks
+    (per_sm per SM). (gdn.in at 64 rows: 129 blocks at ZS = 1 measured 52.6 us; down: 40 row blocks,
     ZS = 8 70.7 us against 155.8 us at ZS = 1.)"""
     ks = min(GEMV_KS, k // 128)
-    if blocks >= GEMM_SMS * 3 // 4:
+    if blocks >= GEMM_SMS * per_sm * 3 // 4:
         return 1
     zs = 1
     while zs < ks and blocks * zs < GEMM_SMS * per_sm and ks % (2 * zs) == 0:
@@ -188,29 +188,73 @@ def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
 
 # wgmma_q4 (kernels/wgmma_q4.cuh, sm_90a): gemv_q4's arithmetic on warpgroup MMA, the four warps
 # of a warpgroup owning 64 rows and the activation tile in shared memory as the B operand.
-def wgmma_smem(k: int, nt: int, wg: int, xs: int, zs: int) -> int:
+def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int) -> int:
     """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes)."""
     ks = min(GEMV_KS, k // 128)
-    sums = 128 * wg * nt * 4 * 4 if ks > 1 and zs == 1 else 0
-    return xs * (8 * nt * 256 + 4 * wg * 66 * 16) + sums
+    sums = 128 * wg * mw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
+    return xs * 4 * wg * mw * 66 * 16 + 2 * 8 * nt * 256 + sums
 
 
-def wgmma_part_floats(k: int, nt: int, wg: int) -> int:
+def wgmma_part_floats(k: int, nt: int, wg: int, mw: int) -> int:
     """fp32 partials per row block of a ZS > 1 launch (WgmmaLaunch::part_floats)."""
-    return min(GEMV_KS, k // 128) * 128 * wg * nt * 4
+    return min(GEMV_KS, k // 128) * 128 * wg * mw * nt * 4
 
 
-def wgmma_entry(k: int, btg: int, epi: int, wg: int, xs: int, zs: int, mb: int = 1,
-                pipe: int = 0) -> Entry:
+def wgmma_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int] | None:
+    """(WG, MW, XS, MB) of wgmma_q4 for a weight of `rows` x `k` at batch tile btg (warpgroups
+    per block, 64-row blocks per warpgroup, weight ring stages, min blocks per SM), or None where
+    gemm_q4 / gemv_q4 are faster. Scheduling only: a row's result is gemv_q4's (the tensor cores
+    add a wgmma k-step as they add mma.sync's: tests/gpu/test_gemv_q4.py). sm_90a lanes only."""
+    return WGMMA_TABLE.get((btg, _shape_kind(rows, k)))
+
+
+def _shape_kind(rows: int, k: int) -> str:
+    """The sweep's shape classes (the 27B's weights): the lm_head; the gate_up projection; the
+    in projections; few rows over a long K (the down projection); the rest (the out projection)."""
+    if rows >= 65536:
+        return "lm_head"
+    if rows >= 24576:
+        return "gate_up"
+    if rows >= 8192:
+        return "in"
+    return "long" if k >= 2 * rows else "narrow"
+
+
+# From scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 4), us per launch against the
+# kernel ops picks otherwise: btg 64 gate_up 116.8 against gemm_q4's 124.9, gdn.in / attn.in
+# 51.5 / 50.6 against 52.2 / 52.2, down (split over blocks) 70.1-70.8 against 70.7; btg 32
+# lm_head 377.6 against gemv_q4's 494.1. Everything else measured slower on wgmma_q4.
+WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
+    (64, "gate_up"): (3, 1, 4, 1),
+    (64, "in"): (2, 1, 4, 1),
+    (64, "long"): (4, 1, 3, 1),
+    (32, "lm_head"): (2, 2, 4, 1),
+}
+
+
+def wgmma_launch(rows: int, k: int, btg: int, R: int) -> tuple[int, int, int, int, int] | None:
+    """(WG, MW, XS, ZS, MB) of the wgmma_q4 launch of a weight over R activation rows, or None:
+    wgmma_config's schedule and the split gemm_split gives its grid."""
+    wc = wgmma_config(rows, k, btg)
+    if wc is None:
+        return None
+    wg, mw, xs, mb = wc
+    zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
+    if zs == 1 and _shape_kind(rows, k) == "long":
+        return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
+    return wg, mw, xs, zs, mb
+
+
+def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
+                mb: int = 1) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    smem = wgmma_smem(k, nt, wg, xs, zs)
-    targs = f"{k}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, {pipe}"
-    return Entry(name=f"q38_gemv_k{k}_wg{wg}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_p{pipe}_b{mb}",
-                 call=f"q38::wgmma_q4<{targs}>", params=GEMM_PARAMS, threads=128 * wg, smem=smem,
-                 waits=True, min_blocks=mb,
-                 asserts=(f"q38::WgmmaLaunch<{nt}, {ks}, {wg}, {xs}, {zs}, {pipe}>::dyn_smem_bytes "
-                          f"== {smem}",))
+    smem = wgmma_smem(k, nt, wg, mw, xs, zs)
+    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
+    return Entry(name=f"q38_gemv_k{k}_wg{wg}_mw{mw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_b{mb}",
+                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>",
+                 params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
+                 asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -530,7 +574,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
-    plan = Plan(headers=list(HEADERS) + (MTP_HEADERS if K else []))
+    wgmma = lanes.arch == "sm_90a"
+    plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     pts = sorted({1, lanes.pt} | ({KP} if K else set()))
@@ -614,6 +659,16 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
+        wl = wgmma_launch(n_out, k, btg, R) if wgmma else None
+        if wl:
+            wg, mw, xs, zs, mb = wl
+            gx, gy = cdiv(cdiv(n_out, 16), 4 * wg * mw), cdiv(R, btg)
+            e = plan.entry(wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb))
+            if zs > 1:
+                scratch["part"] = max(scratch["part"], wgmma_part_floats(k, btg // 8, wg, mw) * gx * gy)
+                scratch["arrivals"] = max(scratch["arrivals"], gx * gy)
+            return {"k": e.name, "grid": [gx, gy, zs],
+                    "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
         gl = gemm_launch(n_out, k, btg, R)
         if gl:
             mt, wr, st, zs, mb = gl

@@ -1,5 +1,5 @@
 """Sweep the schedule knobs of gemv_q4 (MT, ST, XS, AS), gemm_q4 (MT, WR, ST, ZS) and wgmma_q4
-(WG, XS, ZS, PIPE) at each NT over the 27B decode shapes.
+(WG, MW, XS, ZS) at each NT over the 27B decode shapes.
 
   python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (gate cache)
   python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
@@ -27,16 +27,14 @@ from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_fl
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
 # NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
-# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, XS,
-# ZS, MB, PIPE) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
+# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
+# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("w", 1, 4, 1, 1, 0), ("w", 1, 3, 1, 1, 0),
-             ("w", 2, 3, 1, 1, 0), ("w", 1, 4, 4, 1, 0), ("w", 1, 4, 1, 1, 1)]),
-    4: (32, [("b", 2, 2, 0, 0), ("w", 1, 4, 1, 1, 0), ("w", 1, 6, 1, 1, 0), ("w", 2, 4, 1, 1, 0),
-             ("w", 1, 4, 4, 1, 0)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("w", 1, 6, 1, 1, 0), ("w", 1, 8, 1, 1, 0),
-             ("w", 2, 6, 1, 1, 0), ("w", 1, 6, 4, 1, 0)]),
-    1: (8, [("b", 1, 2, 0, 0), ("w", 1, 8, 1, 1, 0), ("w", 1, 8, 4, 1, 0)]),
+    8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("g", 1, 8, 3, 8, 2), ("w", 2, 1, 4, 1, 1),
+             ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2), ("w", 3, 1, 4, 1, 1), ("w", 2, 1, 3, 4, 2),
+             ("w", 1, 1, 4, 2, 3), ("w", 2, 2, 4, 1, 1)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2),
+             ("w", 2, 2, 4, 1, 1), ("w", 4, 1, 4, 4, 1), ("w", 2, 1, 4, 4, 2), ("w", 3, 1, 4, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt) covered NT = 1, 2,
 # 4 (at 64 rows) and 8 with the configs listed there.
@@ -49,8 +47,8 @@ def ks_of(k: int) -> int:
 
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, xs, zs, mb, pipe = cfg
-        return f"sw_k{k}_wg{wg}_n{nt}_x{xs}_z{zs}_b{mb}_p{pipe}"
+        _, wg, mw, xs, zs, mb = cfg
+        return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -61,8 +59,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, xs, zs, _, _ = cfg
-        return wgmma_smem(k, nt, wg, xs, zs)
+        _, wg, mw, xs, zs, _ = cfg
+        return wgmma_smem(k, nt, wg, mw, xs, zs)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -73,9 +71,9 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, xs, zs, _, _ = cfg
-        gx, gy = -(-(N // 16) // (4 * wg)), -(-R // (8 * nt))
-        return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg) * gx * gy
+        _, wg, mw, xs, zs, _ = cfg
+        gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
+        return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
@@ -101,12 +99,12 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, xs, zs, mb, pipe = cfg
+            _, wg, mw, xs, zs, mb = cfg
             out.append(
                 f'extern "C" __global__ void __launch_bounds__({128 * wg}, {mb}) {name(k, nt, cfg)}('
                 "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
                 f"int ldy, int N, int R, float* part, int* arr) {{ q38::wgmma_q4<{k}, {nt}, "
-                f"{ks}, 0, {wg}, {xs}, {zs}, {pipe}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
+                f"{ks}, 0, {wg}, {mw}, {xs}, {zs}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
             continue
         if cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
@@ -218,9 +216,7 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gate_up", 8, ("g", 1, 8, 3, 1, 2)), ("gate_up", 4, ("b", 2, 2, 0, 0)),
-           ("gate_up", 2, ("b", 2, 2, 0, 0)), ("gate_up", 2, ("g", 1, 8, 4, 1, 1)),
-           ("gate_up", 8, ("g", 1, 16, 3, 2, 1))]
+PROFILE = [("gdn.in", 8, ("w", 2, 1, 4, 1, 1)), ("gdn.in", 8, ("g", 2, 4, 3, 1, 1))]
 
 
 def profile(cubin: str):

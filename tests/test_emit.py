@@ -93,7 +93,7 @@ def _cli(*args, cwd):
 @pytest.mark.parametrize("args,pattern", [
     (("--batch", "0"), r"lane batch=0 is not supported; supported batch: 1\.\.256"),
     (("--batch", "3", "--btg", "32"), r"lane btg=32 is larger than batch=3 needs"),
-    (("--batch", "4", "--arch", "sm_80"), r"lane arch='sm_80' is not supported; supported arch: sm_90"),
+    (("--batch", "4", "--arch", "sm_80"), r"lane arch='sm_80' is not supported; supported arch: sm_90a, sm_90"),
     (("--batch", "4", "--model", "toy"), r"model 'toy': linear_key_head_dim=16 is not supported"),
 ])
 def test_cli_bad_lanes_exit_2_nothing_written(tmp_path, args, pattern):
@@ -129,29 +129,41 @@ def test_prompt_chunk_rows_and_counts():
     assert ntok.tolist() == [1, 4, 4] and toks[:5].tolist() == [7, 0, 0, 0, 1]
 
 
-@pytest.mark.parametrize("model,batch,pt", [("tiny", 64, 16), ("qwen3.8-27b", 64, 16),
-                                            ("qwen3.8-27b", 32, 16), ("tiny", 17, 16),
-                                            ("qwen3.8-27b", 16, 16), ("qwen3.8-27b", 1, 16)])
-def test_gemm_launches_fit_their_scratch(model, batch, pt):
-    """gemm_q4 launches (btg 64): every split-K launch (grid.z = ZS > 1) fits gemm_part and
-    gemm_arrivals, every instance fits an SM's shared memory, and btg 16 and below keep gemv_q4."""
+@pytest.mark.parametrize("model,batch,pt,arch", [
+    ("tiny", 64, 16, "sm_90a"), ("qwen3.8-27b", 64, 16, "sm_90a"), ("qwen3.8-27b", 32, 16, "sm_90a"),
+    ("tiny", 17, 16, "sm_90a"), ("qwen3.8-27b", 16, 16, "sm_90a"), ("qwen3.8-27b", 1, 16, "sm_90a"),
+    ("qwen3.8-27b", 64, 16, "sm_90"), ("qwen3.8-27b", 32, 16, "sm_90")])
+def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
+    """gemm_q4 and wgmma_q4 launches: every split-K launch (grid.z = ZS > 1) fits gemm_part and
+    gemm_arrivals, every instance fits an SM's shared memory, btg 16 and below keep gemv_q4,
+    gemm_q4 serves btg 64 only, and wgmma_q4 only the sm_90a lanes, where ops' table says."""
     from qwen38gen import ops
 
-    prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt))
+    prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt, arch=arch))
     m = prog.manifest
     part = m["buffers"]["gemm_part"]["shape"][0]
     arrivals = m["buffers"]["gemm_arrivals"]["shape"][0]
-    gemm = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]
-            if re.match(r"q38_gemv_k\d+_g", L["k"])]
-    if prog.lanes.btg < 64:
+    launches = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]]
+    gemm = [L for L in launches if re.match(r"q38_gemv_k\d+_g\d", L["k"])]
+    wgmma = [L for L in launches if re.match(r"q38_gemv_k\d+_wg", L["k"])]
+    btg = prog.lanes.btg
+    weights = ops.fused_weights(PRESETS[model]).values()
+    want_w = any(ops.wgmma_config(w["rows"], w["k"], btg) for w in weights)
+    assert bool(wgmma) == (arch == "sm_90a" and want_w)
+    if btg < 64:
         assert not gemm
-        return
-    assert gemm
-    for L in gemm:
-        k, mt, nt, wr, zs = (int(v) for v in re.match(
-            r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
+    for L in gemm + wgmma:
         gx, gy, gz = L["grid"]
-        assert gz == zs and m["kernels"][L["k"]]["smem"] <= 227 * 1024
+        assert m["kernels"][L["k"]]["smem"] <= 227 * 1024
+        if L in gemm:
+            k, mt, nt, wr, zs = (int(v) for v in re.match(
+                r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
+            need = ops.gemm_part_floats(k, mt, nt, wr) * gx * gy
+        else:
+            k, wg, mw, nt, zs = (int(v) for v in re.match(
+                r"q38_gemv_k(\d+)_wg(\d+)_mw(\d+)_n(\d+)_s\d+_e\d_x\d_z(\d+)", L["k"]).groups())
+            need = ops.wgmma_part_floats(k, nt, wg, mw) * gx * gy
+        assert gz == zs
         if zs > 1:
-            assert part >= ops.gemm_part_floats(k, mt, nt, wr) * gx * gy and arrivals >= gx * gy
+            assert part >= need and arrivals >= gx * gy
             assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"

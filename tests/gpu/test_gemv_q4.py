@@ -274,47 +274,48 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
     print(f"gemm_q4 N={N} K={K}: program configs (btg, ZS) {sorted(seen)} bitwise equal to gemv_q4")
 
 
-# wgmma_q4 configs (NT, WG, XS, ZS, MB, PIPE): warpgroups per block, ring stages, blocks
-# splitting K, min blocks per SM, the two-deep pipeline; 16- to 64-row tiles and one 8-row tile.
-WGMMA_CONFIGS = [(8, 1, 4, 1, 1, 0), (8, 2, 3, 1, 1, 0), (8, 1, 3, 8, 1, 0), (8, 1, 4, 1, 1, 1),
-                 (4, 1, 4, 1, 1, 0), (4, 2, 4, 2, 1, 0), (2, 1, 6, 1, 1, 0), (2, 1, 2, 4, 1, 0),
-                 (1, 1, 8, 1, 1, 0)]
+# wgmma_q4 configs (NT, WG, MW, XS, ZS, MB): warpgroups per block, 64-row blocks per warpgroup,
+# ring stages, blocks splitting K, min blocks per SM; 16- to 64-row tiles and one 8-row tile.
+WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8, 2, 2, 2, 1, 1),
+                 (4, 1, 2, 4, 1, 1), (4, 2, 1, 4, 2, 1), (2, 1, 1, 6, 1, 1), (2, 1, 2, 2, 4, 1),
+                 (1, 2, 2, 8, 1, 1)]
 _WGMMA: dict = {}
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, xs, zs, mb, pipe):
-    key = (K, nt, ks, epi, wg, xs, zs, mb, pipe)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb):
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb)
     if key not in _WGMMA:
-        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}_{mb}_{pipe}"
-        targs = f"{nt}, {ks}, {wg}, {xs}, {zs}, {pipe}"
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
+        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
         src = f"""
 #include "wgmma_q4.cuh"
 extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, {pipe}>(q, s, x, ldx, y, ldy, N, R,
-                                                                 part, arrivals);
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>(q, s, x, ldx, y, ldy, N, R,
+                                                               part, arrivals);
 }}
 static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
-static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {ops.wgmma_smem(K, nt, wg, xs, zs)},
-              "ops.wgmma_smem");
-static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg)}, "");
+static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
+              {ops.wgmma_smem(K, nt, wg, mw, xs, zs)}, "ops.wgmma_smem");
+static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
+              "ops.wgmma_part_floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
-        smem = ops.wgmma_smem(K, nt, wg, xs, zs)
+        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs)
         allow_dynamic_smem(fn, smem)
         _WGMMA[key] = (fn, smem)
     return _WGMMA[key]
 
 
-def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, zs):
+def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
     """Launch wgmma_q4; returns the arrival counters (every launch must leave them at 0)."""
     import pycuda.gpuarray as ga
 
     fn, smem = k
     tiles = qw.shape[0]
-    gx, gy = -(-tiles // (4 * wg)), -(-R // (8 * nt))
-    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg) * gx * gy, np.float32)
+    gx, gy = -(-tiles // (4 * wg * mw)), -(-R // (8 * nt))
+    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
@@ -335,12 +336,12 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    for nt, wg, xs, zs, mb, pipe in WGMMA_CONFIGS:
+    for nt, wg, mw, xs, zs, mb in WGMMA_CONFIGS:
         if ks % zs:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _wgmma_kernel(K, nt, ks, epi, wg, xs, zs, mb, pipe)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
                 xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
                 x = to_gpu(xh)   # ldx = K + 24: rows wider than K
@@ -351,9 +352,9 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
                 ref_fn[0](qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K + 24), want.gpudata,
                           np.int32(N), np.int32(N), np.int32(R), block=(32 * ks, 1, 1),
                           grid=ref_grid, shared=ref_fn[1])
-                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, zs)
+                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
                 g = got.get()
-                cfg = (nt, wg, xs, zs, mb, pipe)
+                cfg = (nt, wg, mw, xs, zs, mb)
                 assert not arr.any(), f"wgmma {cfg}: arrival counters left {arr}"
                 if not epi:
                     e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
@@ -363,3 +364,37 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
                 tried += 1
     assert tried
     print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+
+
+@pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256)])
+def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
+    """The configs ops.wgmma_launch picks for the sm_90a program (a wide weight, a long-K one, an
+    lm_head-sized one) at btg 32 and 64 give gemv_q4's bits, both epilogues."""
+    rng = np.random.default_rng([N, K, 9])
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    seen = set()
+    for btg in (32, 64):
+        nt = btg // 8
+        for R in (1, btg, btg + 5):
+            wl = ops.wgmma_launch(N, K, btg, R)
+            if wl is None:
+                continue
+            wg, mw, xs, zs, mb = wl
+            for epi in (0, 1):
+                fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
+                ref_fn = _kernel(K, 1, nt, ks, epi)
+                x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
+                assert not arr.any()
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} btg={btg} wgmma {wl} epi={epi} R={R}: bits differ"
+                seen.add((btg, wl))
+    if not seen:
+        pytest.skip(f"ops picks no wgmma_q4 launch for {N} x {K}")
+    print(f"wgmma_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
