@@ -97,7 +97,7 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${SANITIZE:-1}" = 1 ]; then
-  # B = 3: gemv_q4 (btg 8); B = 64: gemm_q4 too (btg 64), split over blocks on tiny's down
+  # B = 3: gemv_q4 (btg 8); B = 64: wgmma_q4 too (btg 64), split over blocks on tiny's down and out
   for B in ${SAN_B:-3 64}; do
     for tool in memcheck racecheck; do
       section "compute-sanitizer $tool, B=$B"

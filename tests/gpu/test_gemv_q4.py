@@ -377,7 +377,7 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     seen = set()
     for btg in (32, 64):
         nt = btg // 8
-        for R in (1, btg, btg + 5):
+        for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             wl = ops.wgmma_launch(N, K, btg, R)
             if wl is None:
                 continue
