@@ -149,7 +149,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS>;
-  constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads, W = 4 * WG;
+  constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
   constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1;
   constexpr int XO = XS * SB;  // the two activation tiles follow the weight ring
   extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][weights], [2][x tile], the sums
