@@ -36,8 +36,9 @@ SWEEP = {
     4: (32, [("b", 2, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2),
              ("w", 2, 2, 4, 1, 1), ("w", 4, 1, 4, 4, 1), ("w", 2, 1, 4, 4, 2), ("w", 3, 1, 4, 1, 1)]),
 }
-# Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt) covered NT = 1, 2,
-# 4 (at 64 rows) and 8 with the configs listed there.
+# Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
+# -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
+# this table is the last one run (the 128-register cap, -v4-wgmma-sweep-mb2.txt).
 KS_MAX = 8
 
 
