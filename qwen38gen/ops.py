@@ -659,23 +659,22 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
+        # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
         wl = wgmma_launch(n_out, k, btg, R) if wgmma else None
+        gl = None if wl else gemm_launch(n_out, k, btg, R)
         if wl:
             wg, mw, xs, zs, mb = wl
-            gx, gy = cdiv(cdiv(n_out, 16), 4 * wg * mw), cdiv(R, btg)
-            e = plan.entry(wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb))
-            if zs > 1:
-                scratch["part"] = max(scratch["part"], wgmma_part_floats(k, btg // 8, wg, mw) * gx * gy)
-                scratch["arrivals"] = max(scratch["arrivals"], gx * gy)
-            return {"k": e.name, "grid": [gx, gy, zs],
-                    "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
-        gl = gemm_launch(n_out, k, btg, R)
-        if gl:
+            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb), 4 * wg * mw,
+                            wgmma_part_floats(k, btg // 8, wg, mw))
+        elif gl:
             mt, wr, st, zs, mb = gl
-            gx, gy = cdiv(cdiv(n_out, 16), mt * wr), cdiv(R, btg)
-            e = plan.entry(gemm_entry(k, btg, epi, mt, wr, st, zs, mb))
+            e, tiles, pf = (gemm_entry(k, btg, epi, mt, wr, st, zs, mb), mt * wr,
+                            gemm_part_floats(k, mt, btg // 8, wr))
+        if wl or gl:
+            gx, gy = cdiv(cdiv(n_out, 16), tiles), cdiv(R, btg)
+            e = plan.entry(e)
             if zs > 1:
-                scratch["part"] = max(scratch["part"], gemm_part_floats(k, mt, btg // 8, wr) * gx * gy)
+                scratch["part"] = max(scratch["part"], pf * gx * gy)
                 scratch["arrivals"] = max(scratch["arrivals"], gx * gy)
             return {"k": e.name, "grid": [gx, gy, zs],
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}

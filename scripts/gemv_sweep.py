@@ -96,31 +96,26 @@ def instances():
 
 
 def source() -> str:
+    """One entry point per instance, all with the gemm signature (the part scratch and the
+    arrival counters, unused by gemv_q4)."""
     out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
             _, wg, mw, xs, zs, mb = cfg
-            out.append(
-                f'extern "C" __global__ void __launch_bounds__({128 * wg}, {mb}) {name(k, nt, cfg)}('
-                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R, float* part, int* arr) {{ q38::wgmma_q4<{k}, {nt}, "
-                f"{ks}, 0, {wg}, {mw}, {xs}, {zs}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
-            continue
-        if cfg[0] == "g":
+            threads, call = 128 * wg, f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}>"
+        elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
-            out.append(
-                f'extern "C" __global__ void __launch_bounds__({32 * wr}, {mb}) {name(k, nt, cfg)}('
-                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R, float* part, int* arr) {{ q38::gemm_q4<{k}, {mt}, {nt}, "
-                f"{ks}, 0, {wr}, {st}, {zs}>(qw, sc, x, ldx, y, ldy, N, R, part, arr); }}")
-            continue
-        _, mt, st, xs, a = cfg
+            threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
+        else:
+            _, mt, st, xs, a = cfg
+            threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
+        tail = ", part, arr" if cfg[0] in "wg" else ""
         out.append(
-                f'extern "C" __global__ void __launch_bounds__({32 * ks}, 1) {name(k, nt, cfg)}('
-                "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
-                f"int ldy, int N, int R, float* part, int* arr) {{ q38::gemv_q4<{k}, {mt}, {nt}, "
-                f"{ks}, 0, {st}, {xs}, {a}>(qw, sc, x, ldx, y, ldy, N, R); }}")
+            f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
+            "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
+            f"int ldy, int N, int R, float* part, int* arr) {{ q38::{call}(qw, sc, x, ldx, y, "
+            f"ldy, N, R{tail}); }}")
     return "\n".join(out) + "\n"
 
 
