@@ -60,6 +60,22 @@ struct GemmLaunch {
   static constexpr int dyn_smem_bytes = ST * stage_uint4 * 16 + sum_bytes;
 };
 
+// K split over ZS blocks (gemm_q4, wgmma_q4): each block has stored its parts' sums; true in the
+// last of them to arrive at its row block's counter, which it resets to 0 for the next launch.
+// That block then adds the KS parts in part order from 0.f and stores y.
+template <int ZS>
+__device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(arrivals + blk, 1) == ZS - 1;
+    if (last) arrivals[blk] = 0;  // every launch leaves the counters at 0
+  }
+  __syncthreads();
+  return last;
+}
+
 // MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the
 // parts of K (as gemv_q4: min(8, K/128)); EPI: GemvEpilogue; WR: warps per block, on different
 // rows; ST: ring stages (ST-1 groups in flight while one is multiplied); ZS: blocks splitting
@@ -210,15 +226,7 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(arrivals + blk, 1) == ZS - 1;
-      if (last) arrivals[blk] = 0;  // every launch leaves the counters at 0
-    }
-    __syncthreads();
-    if (!last || !active) return;
+    if (!split_last_arrival<ZS>(arrivals, blk) || !active) return;
     __threadfence();
 #pragma unroll 1
     for (int v = 0; v < V; ++v) {

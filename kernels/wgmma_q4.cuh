@@ -40,7 +40,7 @@
 // Compiles alone:
 //   nvcc -arch=sm_90a -std=c++17 -cubin -Xptxas -v -x cu kernels/wgmma_q4.cuh -o /dev/null
 #pragma once
-#include "gemv_q4.cuh"
+#include "gemm_q4.cuh"
 
 namespace q38 {
 
@@ -327,15 +327,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   };
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(arrivals + blk, 1) == ZS - 1;
-      if (last) arrivals[blk] = 0;  // every launch leaves the counters at 0
-    }
-    __syncthreads();
-    if (!last) return;
+    if (!split_last_arrival<ZS>(arrivals, blk)) return;
     __threadfence();
 #pragma unroll 1
     for (int v = 0; v < V; ++v) {
