@@ -59,27 +59,30 @@ def pad16(n: int) -> int:
 
 # ------------------------------------------------------------------------------------ GEMV
 GEMV_KS = 8    # warps per block splitting K (fewer when K has fewer groups)
+GEMV_PF = 1    # gemv_q4's L2 prefetch of each warp's weights before pdl_wait (kernels/gemv_q4.cuh)
 GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("const q38::bf16*", "x"), ("int", "ldx"), ("q38::bf16*", "y"), ("int", "ldy"),
                ("int", "N"), ("int", "R"))
 
 
-def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
-    """(MT, ST, XS, AS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
+def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int, int]:
+    """(MT, ST, XS, AS, PF) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
     stages, activations staged in registers, stages in shared memory via cp.async. None of them
     changes a row's result (only KS does, and KS depends on k alone; tests/gpu/test_gemv_q4.py
     checks the bits), so the choice may follow the shape and the batch tile. From the sweeps of
     scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper register pipelines lose
     everywhere (registers cost occupancy); two m-tiles per warp halve the activation reads and win
-    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%)."""
+    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%). PF, each
+    warp's whole slice of weights asked of L2 before the wait on the previous kernel, is
+    GEMV_PF everywhere (bench/NOTES.md, version 5)."""
     tiles = rows // 16
     if tiles % 2:
-        return 1, 2, 0, 0
+        return 1, 2, 0, 0, GEMV_PF
     if rows >= 65536 and btg <= 16:
-        return 2, 3, 0, 1
+        return 2, 3, 0, 1, GEMV_PF
     if btg >= 32 or (btg >= 16 and rows >= 8192):
-        return 2, 2, 0, 0
-    return 1, 2, 0, 0
+        return 2, 2, 0, 0, GEMV_PF
+    return 1, 2, 0, 0, GEMV_PF
 
 
 def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
@@ -88,12 +91,13 @@ def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
 
 
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
-               a: int = 0) -> Entry:
+               a: int = 0, pf: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = gemv_smem(k, mt, st, a)
-    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else ""),
-                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>",
+    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
+                 + ("_p1" if pf else ""),
+                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, {pf}>",
                  params=GEMV_PARAMS, threads=32 * ks, smem=smem, waits=True,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
@@ -679,8 +683,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             return {"k": e.name, "grid": [gx, gy, zs],
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
         tile = gemv_tile(n_out, k, btg)
-        mt, st, xs, a = gemv_config(n_out, k, tile)
-        e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
+        gc = gemv_config(n_out, k, tile)
+        mt = gc[0]
+        e = plan.entry(gemv_entry(k, tile, epi, *gc))
         return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",

@@ -26,19 +26,20 @@ from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_fl
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS[, PF]) of gemv_q4 (PF: the L2 prefetch
+# of each warp's slice, 0 when left out), ("g", MT, WR, ST, ZS, MB)
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
 # XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("g", 1, 8, 3, 8, 2), ("w", 2, 1, 4, 1, 1),
-             ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2), ("w", 3, 1, 4, 1, 1), ("w", 2, 1, 3, 4, 2),
-             ("w", 1, 1, 4, 2, 3), ("w", 2, 2, 4, 1, 1)]),
-    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2),
-             ("w", 2, 2, 4, 1, 1), ("w", 4, 1, 4, 4, 1), ("w", 2, 1, 4, 4, 2), ("w", 3, 1, 4, 1, 1)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 0, 0, 1), ("b", 2, 2, 1, 0, 1), ("b", 1, 3, 0, 1, 1),
+            ("b", 1, 4, 0, 1, 1), ("b", 2, 3, 0, 1), ("b", 2, 3, 0, 1, 1)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 1), ("b", 2, 2, 0, 0, 1),
+             ("b", 2, 3, 0, 1), ("b", 2, 3, 0, 1, 1)]),
+    4: (32, [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 1), ("b", 1, 2, 0, 0, 1), ("w", 2, 2, 4, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
-# this table is the last one run (the 128-register cap, -v4-wgmma-sweep-mb2.txt).
+# this table is the last one run (the L2 prefetch, -v5-gemv-sweep-pf.txt).
 KS_MAX = 8
 
 
@@ -53,8 +54,8 @@ def name(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a = cfg
-    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}"
+    _, mt, st, xs, a, *pf = cfg
+    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + ("_p1" if pf and pf[0] else "")
 
 
 def smem_of(k, nt, cfg):
@@ -65,7 +66,7 @@ def smem_of(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a = cfg
+    _, mt, st, _, a, *_ = cfg
     return gemv_smem(k, mt, st, a)
 
 
@@ -108,8 +109,9 @@ def source() -> str:
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a = cfg
-            threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
+            _, mt, st, xs, a, *pf = cfg
+            threads, mb = 32 * ks, 1
+            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {pf[0] if pf else 0}>"
         tail = ", part, arr" if cfg[0] in "wg" else ""
         out.append(
             f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
@@ -135,10 +137,15 @@ def run(cubin: str, reps: int = 20):
     import pycuda.driver as drv
 
     from qwen38gen.bench import time_back_to_back
+    from qwen38gen.launch import PdlModule
     from qwen38gen.runtime import allow_dynamic_smem
 
     mod = drv.module_from_file(cubin)
     regs = json.loads(Path(cubin + ".regs.json").read_text())
+    # The same functions launched with programmatic dependent launch, as the program's graph
+    # runs them: each launch may start while the previous one drains.
+    pdl = PdlModule(Path(cubin).read_bytes(),
+                    {name(k, nt, cfg): {"smem": smem_of(k, nt, cfg)} for k, nt, cfg in instances()})
     pool_bytes = 256 << 20
     results = []
     scratch = []
@@ -198,8 +205,15 @@ def run(cubin: str, reps: int = 20):
                 if not np.isfinite(outf).all():
                     err = float("inf")
                 t = time_back_to_back(drv, s, launch, reps)
+                ptr = np.uintp
+                preps = [pdl.prepare(name(K, nt, cfg), grid, block, sm,
+                                     [ptr(int(W[i])), ptr(int(S[i])), ptr(int(x)), np.int32(K),
+                                      ptr(int(y)), np.int32(N), np.int32(N), np.int32(R),
+                                      ptr(int(part)), ptr(int(arr))]) for i in range(ncopy)]
+                tp = time_back_to_back(drv, s, lambda i: pdl.launch(preps[i % ncopy], s.handle), reps)
                 results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt,
                                 "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
+                                "us_pdl": tp * 1e6, "gbs_pdl": (wb + sb) / tp / 1e9,
                                 "bitwise_same": same, "err": err, "count": count,
                                 "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
@@ -212,7 +226,8 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gdn.in", 8, ("w", 2, 1, 4, 1, 1)), ("gdn.in", 8, ("g", 2, 4, 3, 1, 1))]
+PROFILE = [("gate_up", 2, ("b", 2, 2, 0, 0, 1)), ("gate_up", 1, ("b", 1, 2, 0, 0, 1)),
+           ("gate_up", 1, ("b", 1, 2, 0, 0))]
 
 
 def profile(cubin: str):
@@ -248,22 +263,26 @@ def profile(cubin: str):
 
 
 def report(results):
-    print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'config':22s} {'us':>9s} {'GB/s':>7s} same  regs")
+    print(f"{'shape':8s} {'R':>3s} {'NT':>2s} {'config':22s} {'us':>9s} {'GB/s':>7s} "
+          f"{'us PDL':>9s} {'GB/s':>7s} same  regs")
     for r in results:
         print(f"{r['shape']:8s} {r['R']:3d} {r['nt']:2d} {str(tuple(r['cfg'])):22s} "
-              f"{r['us']:9.1f} {r['gbs']:7.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  "
+              f"{r['us']:9.1f} {r['gbs']:7.0f} {r.get('us_pdl', 0):9.1f} {r.get('gbs_pdl', 0):7.0f} "
+              f"{'yes' if r['bitwise_same'] else 'NO':4s}  "
               f"{'' if r['bitwise_same'] else 'err %.1e ' % r.get('err', 0)}"
               f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}")
     print("\nbest per (shape, NT) and the step-weighted GEMV time:")
     best = {}
     for r in results:
         k = (r["shape"], r["nt"])
-        if r["bitwise_same"] and (k not in best or r["us"] < best[k]["us"]):
+        t = r.get("us_pdl", r["us"])
+        if r["bitwise_same"] and (k not in best or t < best[k].get("us_pdl", best[k]["us"])):
             best[k] = r
     tot = {}
     for (sh, nt), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        tot[nt] = tot.get(nt, 0.0) + r["us"] * r["count"]
-        print(f"  NT={nt} {sh:8s} {str(tuple(r['cfg'])):22s} {r['us']:8.1f} us  {r['gbs']:6.0f} GB/s")
+        t = r.get("us_pdl", r["us"])
+        tot[nt] = tot.get(nt, 0.0) + t * r["count"]
+        print(f"  NT={nt} {sh:8s} {str(tuple(r['cfg'])):22s} {t:8.1f} us (PDL)")
     for nt, t in tot.items():
         print(f"  NT={nt}: step GEMV sum {t / 1e3:.3f} ms")
 

@@ -22,8 +22,11 @@ TILES = [(1, 1, 8), (1, 2, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4)]  # (MT, NT, KS)
 # Schedules (MT, NT, ST, XS, AS) that must give bitwise the rows of the plain (1, NT, 2, 0, 0):
 # deeper register rings, staged activations, the cp.async shared-memory ring with more stages
 # than a warp has groups (K = 512: one group per warp).
-SCHEDULES = [(1, 1, 3, 1, 0), (2, 1, 2, 1, 0), (1, 1, 4, 0, 1), (1, 1, 8, 0, 1), (2, 1, 3, 0, 1),
-             (2, 2, 3, 0, 1), (1, 4, 3, 0, 1), (2, 4, 2, 1, 0)]
+# (MT, NT, ST, XS, AS, PF); the program's (ops.gemv_config) are among them.
+SCHEDULES = [(1, 1, 3, 1, 0, 0), (2, 1, 2, 1, 0, 0), (1, 1, 4, 0, 1, 0), (1, 1, 8, 0, 1, 0),
+             (2, 1, 3, 0, 1, 0), (2, 2, 3, 0, 1, 0), (1, 4, 3, 0, 1, 0), (2, 4, 2, 1, 0, 0),
+             (1, 1, 2, 0, 0, 1), (2, 2, 2, 0, 0, 1), (2, 2, 3, 0, 1, 1), (2, 4, 2, 0, 0, 1),
+             (1, 4, 2, 0, 0, 1)]
 ROWS = [1, 2, 3, 8, 17, 64]
 
 # bf16 output: each element is rounded once (relative 2^-9); the fp32 sums are far below that.
@@ -32,16 +35,17 @@ TOL = 4e-3
 _MODS: dict = {}
 
 
-def _kernel(K: int, mt: int, nt: int, ks: int, epi: int, st: int = 2, xs: int = 0, a: int = 0):
-    key = (K, mt, nt, ks, epi, st, xs, a)
+def _kernel(K: int, mt: int, nt: int, ks: int, epi: int, st: int = 2, xs: int = 0, a: int = 0,
+            pf: int = 0):
+    key = (K, mt, nt, ks, epi, st, xs, a, pf)
     if key not in _MODS:
-        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}_{st}_{xs}_{a}"
+        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}_{st}_{xs}_{a}_{pf}"
         src = f"""
 #include "gemv_q4.cuh"
 extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R) {{
-  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, {pf}>(q, s, x, ldx, y, ldy, N, R);
 }}
 """
         fn = build(src).get_function(name)
@@ -128,18 +132,18 @@ def test_gemv_batch_invariant_bitwise(cuda_ctx):
 
 @pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408)])
 def test_gemv_schedules_bitwise(cuda_ctx, N, K):
-    """MT, ST, XS and AS only reschedule the same arithmetic: every schedule gives the bits of the
-    plain one (both epilogues), which is what lets gemv_config pick them per shape and batch."""
+    """MT, ST, XS, AS and PF only reschedule the same arithmetic: every schedule gives the bits of
+    the plain one (both epilogues), which is what lets gemv_config pick them per shape and batch."""
     rng = np.random.default_rng([N, K, 5])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
-    for mt, nt, st, xs, a in SCHEDULES:
+    for mt, nt, st, xs, a, pf in SCHEDULES:
         if qweight.shape[0] % mt:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _kernel(K, mt, nt, ks, epi, st, xs, a)
+            fn = _kernel(K, mt, nt, ks, epi, st, xs, a, pf)
             for R in (1, 5, 8 * nt + 3):
                 x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
                 res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
@@ -148,7 +152,7 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
                 _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
                 _run(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks)
                 assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} schedule {mt, nt, st, xs, a} epi={epi} R={R}: bits differ"
+                    f"N={N} K={K} schedule {mt, nt, st, xs, a, pf} epi={epi} R={R}: bits differ"
     print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
 
 
