@@ -57,13 +57,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// Ask L2 to fetch `bytes` (a multiple of 16) from 16-byte aligned global memory; no data comes
-// back and nothing waits for it (cp.async.bulk.prefetch, sm_90). Used on constant data (weights)
-// before pdl_wait, so the fetch overlaps the kernel this one waits for.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // 16-byte global load through the read-only path.
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 

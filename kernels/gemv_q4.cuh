@@ -322,13 +322,9 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
 // them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
 // stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2); AS: 1 = the stages
 // live in shared memory, filled by cp.async (GemvWarp), 0 = in registers.
-// PF: 1 = each warp first asks L2 for all of its weights and scales (prefetch_l2), before
-// pdl_wait: the whole slice is in flight at once, and under programmatic dependent launch the
-// blocks that become resident early fetch theirs while the previous kernel drains.
-// MT, NT, ST, XS, AS and PF change neither the arithmetic nor its order, only how it is
-// scheduled: a row's result is bitwise the same for every choice of them (KS does change the sum
-// order).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int PF = 0>
+// MT, NT, ST, XS and AS change neither the arithmetic nor its order, only how it is scheduled: a
+// row's result is bitwise the same for every choice of them (KS does change the sum order).
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   using Wp = GemvWarp<K, MT, NT, ST, XS, AS>;
@@ -345,16 +341,8 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
   // This warp's share of the groups: [gb, ge). The first ST-1 groups of weights are requested
   // before waiting on the kernel that writes x, so under programmatic dependent launch they
   // stream while that kernel finishes.
-  const int gb = (warp * NG) / KS, ge = ((warp + 1) * NG) / KS;
   pdl_launch_dependents();
-  if constexpr (PF) {
-    // m-tile rt's weights are contiguous, 1 KiB a group; its scales 32 bytes a group.
-    if (lane < MT)
-      prefetch_l2(qweight + ((size_t)(rt0 + lane) * Wp::KT + 2 * gb) * 32, (ge - gb) * 1024);
-    else if (lane < 2 * MT)
-      prefetch_l2(scales + ((size_t)(rt0 + lane - MT) * NG + gb) * 16, (ge - gb) * 32);
-  }
-  wp.run(rt0, gb, ge, true);
+  wp.run(rt0, (warp * NG) / KS, ((warp + 1) * NG) / KS, true);
 
   // Reduce the KS partial sums in a fixed order, then store.
   if constexpr (KS > 1) {

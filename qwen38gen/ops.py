@@ -59,30 +59,27 @@ def pad16(n: int) -> int:
 
 # ------------------------------------------------------------------------------------ GEMV
 GEMV_KS = 8    # warps per block splitting K (fewer when K has fewer groups)
-GEMV_PF = 1    # gemv_q4's L2 prefetch of each warp's weights before pdl_wait (kernels/gemv_q4.cuh)
 GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("const q38::bf16*", "x"), ("int", "ldx"), ("q38::bf16*", "y"), ("int", "ldy"),
                ("int", "N"), ("int", "R"))
 
 
-def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int, int]:
-    """(MT, ST, XS, AS, PF) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
+def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
+    """(MT, ST, XS, AS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
     stages, activations staged in registers, stages in shared memory via cp.async. None of them
     changes a row's result (only KS does, and KS depends on k alone; tests/gpu/test_gemv_q4.py
     checks the bits), so the choice may follow the shape and the batch tile. From the sweeps of
     scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper register pipelines lose
     everywhere (registers cost occupancy); two m-tiles per warp halve the activation reads and win
-    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%). PF, each
-    warp's whole slice of weights asked of L2 before the wait on the previous kernel, is
-    GEMV_PF everywhere (bench/NOTES.md, version 5)."""
+    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%)."""
     tiles = rows // 16
     if tiles % 2:
-        return 1, 2, 0, 0, GEMV_PF
+        return 1, 2, 0, 0
     if rows >= 65536 and btg <= 16:
-        return 2, 3, 0, 1, GEMV_PF
+        return 2, 3, 0, 1
     if btg >= 32 or (btg >= 16 and rows >= 8192):
-        return 2, 2, 0, 0, GEMV_PF
-    return 1, 2, 0, 0, GEMV_PF
+        return 2, 2, 0, 0
+    return 1, 2, 0, 0
 
 
 def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
@@ -91,13 +88,12 @@ def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
 
 
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
-               a: int = 0, pf: int = 0) -> Entry:
+               a: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = gemv_smem(k, mt, st, a)
-    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
-                 + ("_p1" if pf else ""),
-                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, {pf}>",
+    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else ""),
+                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>",
                  params=GEMV_PARAMS, threads=32 * ks, smem=smem, waits=True,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
@@ -259,6 +255,57 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
                  call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>",
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
+
+
+# wgmma_ws_q4 (kernels/wgmma_ws_q4.cuh, sm_90a): wgmma_q4's arithmetic with the roles split, a
+# producer warpgroup filling a ring and CW consumer warpgroups (64 rows each) taking its stages
+# through mbarriers. (btg, shape kind) -> (CW, XS); ZS from gemm_split at one block per SM.
+WS_TABLE: dict[tuple[int, str], tuple[int, int]] = {
+    (64, "gate_up"): (2, 4),
+    (64, "in"): (2, 4),
+    (64, "long"): (2, 4),
+    (64, "narrow"): (2, 4),
+    (64, "lm_head"): (2, 4),
+    (32, "gate_up"): (2, 4),
+    (32, "in"): (2, 4),
+    (32, "long"): (2, 4),
+    (32, "narrow"): (2, 4),
+    (32, "lm_head"): (2, 4),
+}
+
+
+def ws_launch(rows: int, k: int, btg: int, R: int) -> tuple[int, int, int] | None:
+    """(CW, XS, ZS) of the wgmma_ws_q4 launch of a weight over R activation rows, or None where
+    ops picks another kernel. Scheduling only: a row's result is gemv_q4's."""
+    wc = WS_TABLE.get((btg, _shape_kind(rows, k)))
+    if wc is None:
+        return None
+    cw, xs = wc
+    return cw, xs, gemm_split(cdiv(cdiv(rows, 16), 4 * cw) * cdiv(R, btg), k, 1)
+
+
+def ws_entry(k: int, btg: int, epi: int, cw: int, xs: int, zs: int) -> Entry:
+    ks = min(GEMV_KS, k // 128)
+    nt = btg // 8
+    smem = ws_smem(k, nt, cw, xs, zs)
+    targs = f"{nt}, {ks}, {cw}, {xs}, {zs}"
+    return Entry(name=f"q38_gemv_k{k}_ws{cw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}",
+                 call=f"q38::wgmma_ws_q4<{k}, {nt}, {ks}, {epi}, {cw}, {xs}, {zs}>",
+                 params=GEMM_PARAMS, threads=128 * cw + 128, smem=smem, waits=True, min_blocks=1,
+                 asserts=(f"q38::WsLaunch<{targs}>::dyn_smem_bytes == {smem}",
+                          f"q38::WsLaunch<{targs}>::threads == {128 * cw + 128}"))
+
+
+def ws_smem(k: int, nt: int, cw: int, xs: int, zs: int) -> int:
+    """Dynamic shared memory of a wgmma_ws_q4 instance (WsLaunch::dyn_smem_bytes)."""
+    ks = min(GEMV_KS, k // 128)
+    sums = 128 * cw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
+    return xs * (8 * nt * 256 + 8 * nt * 272 + 4 * cw * 66 * 16) + sums + 24 * xs
+
+
+def ws_part_floats(k: int, nt: int, cw: int) -> int:
+    """fp32 partials per row block of a ZS > 1 launch (WsLaunch::part_floats)."""
+    return min(GEMV_KS, k // 128) * 128 * cw * nt * 4
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -579,7 +626,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
     wgmma = lanes.arch == "sm_90a"
-    plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
+    plan = Plan(headers=list(HEADERS) + (["wgmma_ws_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     pts = sorted({1, lanes.pt} | ({KP} if K else set()))
@@ -664,9 +711,14 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
-        wl = wgmma_launch(n_out, k, btg, R) if wgmma else None
-        gl = None if wl else gemm_launch(n_out, k, btg, R)
-        if wl:
+        sl = ws_launch(n_out, k, btg, R) if wgmma else None
+        wl = None if sl else wgmma_launch(n_out, k, btg, R) if wgmma else None
+        gl = None if sl or wl else gemm_launch(n_out, k, btg, R)
+        if sl:
+            cw, xs, zs = sl
+            e, tiles, pf = (ws_entry(k, btg, epi, cw, xs, zs), 4 * cw,
+                            ws_part_floats(k, btg // 8, cw))
+        elif wl:
             wg, mw, xs, zs, mb = wl
             e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
@@ -674,7 +726,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             mt, wr, st, zs, mb = gl
             e, tiles, pf = (gemm_entry(k, btg, epi, mt, wr, st, zs, mb), mt * wr,
                             gemm_part_floats(k, mt, btg // 8, wr))
-        if wl or gl:
+        if sl or wl or gl:
             gx, gy = cdiv(cdiv(n_out, 16), tiles), cdiv(R, btg)
             e = plan.entry(e)
             if zs > 1:
@@ -683,9 +735,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             return {"k": e.name, "grid": [gx, gy, zs],
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
         tile = gemv_tile(n_out, k, btg)
-        gc = gemv_config(n_out, k, tile)
-        mt = gc[0]
-        e = plan.entry(gemv_entry(k, tile, epi, *gc))
+        mt, st, xs, a = gemv_config(n_out, k, tile)
+        e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
         return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",

@@ -21,21 +21,22 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_floats,  # noqa: E402
-                           wgmma_smem)
+                           wgmma_smem, ws_part_floats, ws_smem)
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS[, PF]) of gemv_q4 (PF: the L2 prefetch
-# of each warp's slice, 0 when left out), ("g", MT, WR, ST, ZS, MB)
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
-# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
+# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh) or ("s", CW, XS, ZS) of wgmma_ws_q4
+# (kernels/wgmma_ws_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 0, 0, 1), ("b", 2, 2, 1, 0, 1), ("b", 1, 3, 0, 1, 1),
-            ("b", 1, 4, 0, 1, 1), ("b", 2, 3, 0, 1), ("b", 2, 3, 0, 1, 1)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 1), ("b", 2, 2, 0, 0, 1),
-             ("b", 2, 3, 0, 1), ("b", 2, 3, 0, 1, 1)]),
-    4: (32, [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 1), ("b", 1, 2, 0, 0, 1), ("w", 2, 2, 4, 1, 1)]),
+    8: (64, [("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("w", 4, 1, 3, 8, 1),
+             ("g", 1, 8, 3, 8, 2), ("s", 2, 4, 1), ("s", 2, 3, 1), ("s", 3, 3, 1), ("s", 1, 4, 1),
+             ("s", 1, 5, 1), ("s", 2, 4, 2), ("s", 2, 4, 4), ("s", 3, 4, 4), ("s", 2, 4, 8)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 2, 4, 1, 1), ("s", 2, 4, 1), ("s", 3, 3, 1), ("s", 2, 6, 1),
+             ("s", 1, 4, 1), ("s", 2, 4, 4), ("s", 3, 4, 4)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("s", 2, 4, 1), ("s", 1, 4, 1), ("s", 2, 4, 4)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
@@ -48,30 +49,40 @@ def ks_of(k: int) -> int:
 
 
 def name(k, nt, cfg):
+    if cfg[0] == "s":
+        _, cw, xs, zs = cfg
+        return f"sw_k{k}_ws{cw}_n{nt}_x{xs}_z{zs}"
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb = cfg
         return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a, *pf = cfg
-    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + ("_p1" if pf and pf[0] else "")
+    _, mt, st, xs, a = cfg
+    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}"
 
 
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
+    if cfg[0] == "s":
+        _, cw, xs, zs = cfg
+        return ws_smem(k, nt, cw, xs, zs)
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         return wgmma_smem(k, nt, wg, mw, xs, zs)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a, *_ = cfg
+    _, mt, st, _, a = cfg
     return gemv_smem(k, mt, st, a)
 
 
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
+    if cfg[0] == "s":
+        _, cw, xs, zs = cfg
+        gx, gy = -(-(N // 16) // (4 * cw)), -(-R // (8 * nt))
+        return (gx, gy, zs), (128 * cw + 128, 1, 1), ws_part_floats(k, nt, cw) * gx * gy
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
@@ -99,20 +110,22 @@ def instances():
 def source() -> str:
     """One entry point per instance, all with the gemm signature (the part scratch and the
     arrival counters, unused by gemv_q4)."""
-    out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"']
+    out = ['#include "gemm_q4.cuh"', '#include "wgmma_ws_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
-        if cfg[0] == "w":
+        if cfg[0] == "s":
+            _, cw, xs, zs = cfg
+            threads, mb, call = 128 * cw + 128, 1, f"wgmma_ws_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {zs}>"
+        elif cfg[0] == "w":
             _, wg, mw, xs, zs, mb = cfg
             threads, call = 128 * wg, f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a, *pf = cfg
-            threads, mb = 32 * ks, 1
-            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {pf[0] if pf else 0}>"
-        tail = ", part, arr" if cfg[0] in "wg" else ""
+            _, mt, st, xs, a = cfg
+            threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
+        tail = ", part, arr" if cfg[0] in "wgs" else ""
         out.append(
             f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
             "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
@@ -226,8 +239,7 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gate_up", 2, ("b", 2, 2, 0, 0, 1)), ("gate_up", 1, ("b", 1, 2, 0, 0, 1)),
-           ("gate_up", 1, ("b", 1, 2, 0, 0))]
+PROFILE = [("gdn.in", 8, ("s", 2, 4, 1)), ("gdn.in", 8, ("w", 2, 1, 4, 1, 1))]
 
 
 def profile(cubin: str):

@@ -22,11 +22,8 @@ TILES = [(1, 1, 8), (1, 2, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4)]  # (MT, NT, KS)
 # Schedules (MT, NT, ST, XS, AS) that must give bitwise the rows of the plain (1, NT, 2, 0, 0):
 # deeper register rings, staged activations, the cp.async shared-memory ring with more stages
 # than a warp has groups (K = 512: one group per warp).
-# (MT, NT, ST, XS, AS, PF); the program's (ops.gemv_config) are among them.
-SCHEDULES = [(1, 1, 3, 1, 0, 0), (2, 1, 2, 1, 0, 0), (1, 1, 4, 0, 1, 0), (1, 1, 8, 0, 1, 0),
-             (2, 1, 3, 0, 1, 0), (2, 2, 3, 0, 1, 0), (1, 4, 3, 0, 1, 0), (2, 4, 2, 1, 0, 0),
-             (1, 1, 2, 0, 0, 1), (2, 2, 2, 0, 0, 1), (2, 2, 3, 0, 1, 1), (2, 4, 2, 0, 0, 1),
-             (1, 4, 2, 0, 0, 1)]
+SCHEDULES = [(1, 1, 3, 1, 0), (2, 1, 2, 1, 0), (1, 1, 4, 0, 1), (1, 1, 8, 0, 1), (2, 1, 3, 0, 1),
+             (2, 2, 3, 0, 1), (1, 4, 3, 0, 1), (2, 4, 2, 1, 0)]
 ROWS = [1, 2, 3, 8, 17, 64]
 
 # bf16 output: each element is rounded once (relative 2^-9); the fp32 sums are far below that.
@@ -35,17 +32,16 @@ TOL = 4e-3
 _MODS: dict = {}
 
 
-def _kernel(K: int, mt: int, nt: int, ks: int, epi: int, st: int = 2, xs: int = 0, a: int = 0,
-            pf: int = 0):
-    key = (K, mt, nt, ks, epi, st, xs, a, pf)
+def _kernel(K: int, mt: int, nt: int, ks: int, epi: int, st: int = 2, xs: int = 0, a: int = 0):
+    key = (K, mt, nt, ks, epi, st, xs, a)
     if key not in _MODS:
-        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}_{st}_{xs}_{a}_{pf}"
+        name = f"gemv_{K}_{mt}_{nt}_{ks}_{epi}_{st}_{xs}_{a}"
         src = f"""
 #include "gemv_q4.cuh"
 extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R) {{
-  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, {pf}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>(q, s, x, ldx, y, ldy, N, R);
 }}
 """
         fn = build(src).get_function(name)
@@ -132,18 +128,18 @@ def test_gemv_batch_invariant_bitwise(cuda_ctx):
 
 @pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408)])
 def test_gemv_schedules_bitwise(cuda_ctx, N, K):
-    """MT, ST, XS, AS and PF only reschedule the same arithmetic: every schedule gives the bits of
-    the plain one (both epilogues), which is what lets gemv_config pick them per shape and batch."""
+    """MT, ST, XS and AS only reschedule the same arithmetic: every schedule gives the bits of the
+    plain one (both epilogues), which is what lets gemv_config pick them per shape and batch."""
     rng = np.random.default_rng([N, K, 5])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
-    for mt, nt, st, xs, a, pf in SCHEDULES:
+    for mt, nt, st, xs, a in SCHEDULES:
         if qweight.shape[0] % mt:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _kernel(K, mt, nt, ks, epi, st, xs, a, pf)
+            fn = _kernel(K, mt, nt, ks, epi, st, xs, a)
             for R in (1, 5, 8 * nt + 3):
                 x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
                 res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
@@ -152,7 +148,7 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
                 _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
                 _run(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks)
                 assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} schedule {mt, nt, st, xs, a, pf} epi={epi} R={R}: bits differ"
+                    f"N={N} K={K} schedule {mt, nt, st, xs, a} epi={epi} R={R}: bits differ"
     print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
 
 
@@ -284,68 +280,78 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
                  (4, 1, 2, 4, 1, 1), (4, 2, 1, 4, 2, 1), (2, 1, 1, 6, 1, 1), (2, 1, 2, 2, 4, 1),
                  (1, 2, 2, 8, 1, 1)]
 _WGMMA: dict = {}
+# wgmma_ws_q4 configs (NT, CW, XS, ZS): consumer warpgroups, ring stages, blocks splitting K.
+WS_CONFIGS = [(8, 2, 4, 1), (8, 3, 3, 1), (8, 1, 2, 8), (8, 2, 5, 4), (4, 2, 4, 1), (4, 3, 4, 2),
+              (2, 1, 4, 1), (2, 2, 2, 4), (1, 2, 8, 1)]
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb):
-    key = (K, nt, ks, epi, wg, mw, xs, zs, mb)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, ws=False):
+    """wgmma_q4, or with ws wgmma_ws_q4 (wg = its consumer warpgroups CW; mw and mb unused)."""
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, ws)
     if key not in _WGMMA:
-        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
-        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
+        if ws:
+            name = f"wgmma_ws_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}"
+            targs, threads, mb = f"{nt}, {ks}, {wg}, {xs}, {zs}", 128 * wg + 128, 1
+            call, launch = f"wgmma_ws_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}>", "WsLaunch"
+            smem, pf = ops.ws_smem(K, nt, wg, xs, zs), ops.ws_part_floats(K, nt, wg)
+        else:
+            name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
+            targs, threads = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}", 128 * wg
+            call, launch = f"wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>", "WgmmaLaunch"
+            smem, pf = ops.wgmma_smem(K, nt, wg, mw, xs, zs), ops.wgmma_part_floats(K, nt, wg, mw)
         src = f"""
-#include "wgmma_q4.cuh"
-extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
+#include "wgmma_ws_q4.cuh"
+extern "C" __global__ void __launch_bounds__({threads}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>(q, s, x, ldx, y, ldy, N, R,
-                                                               part, arrivals);
+  q38::{call}(q, s, x, ldx, y, ldy, N, R, part, arrivals);
 }}
-static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
-static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
-              {ops.wgmma_smem(K, nt, wg, mw, xs, zs)}, "ops.wgmma_smem");
-static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
-              "ops.wgmma_part_floats");
+static_assert(q38::{launch}<{targs}>::threads == {threads}, "");
+static_assert(q38::{launch}<{targs}>::dyn_smem_bytes == {smem}, "ops smem");
+static_assert(q38::{launch}<{targs}>::part_floats == {pf}, "ops part floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
-        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs)
         allow_dynamic_smem(fn, smem)
-        _WGMMA[key] = (fn, smem)
+        _WGMMA[key] = (fn, smem, threads, pf)
     return _WGMMA[key]
 
 
 def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
-    """Launch wgmma_q4; returns the arrival counters (every launch must leave them at 0)."""
+    """Launch a _wgmma_kernel; returns the arrival counters (every launch must leave them at 0)."""
     import pycuda.gpuarray as ga
 
-    fn, smem = k
+    fn, smem, threads, pf = k
     tiles = qw.shape[0]
     gx, gy = -(-tiles // (4 * wg * mw)), -(-R // (8 * nt))
-    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
+    part = ga.empty(pf * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
-       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(128 * wg, 1, 1),
+       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(threads, 1, 1),
        grid=(gx, gy, zs), shared=smem)
     return arrivals.get()
 
 
+@pytest.mark.parametrize("ws", [False, True], ids=["wgmma_q4", "wgmma_ws_q4"])
 @pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (1280 + 768 + 32, 512), (96, 5120),
                                  (40, 1024), (5120, 6144), (5120, 17408)])
-def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
-    """wgmma_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
-    not multiples of the tile, an activation stride wider than K, weights whose rows do not fill
-    the last warpgroup, and leaves its counters at 0; so ops may pick it per shape and batch
-    without touching a row's result."""
+def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K, ws):
+    """wgmma_q4 and wgmma_ws_q4 give gemv_q4's bits for every config, both epilogues, batches
+    that are and are not multiples of the tile, an activation stride wider than K, weights whose
+    rows do not fill the last warpgroup, and leave their counters at 0; so ops may pick them per
+    shape and batch without touching a row's result."""
     rng = np.random.default_rng([N, K, 8])
     qweight, sc, wdq = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    for nt, wg, mw, xs, zs, mb in WGMMA_CONFIGS:
+    configs = [(nt, cw, 1, xs, zs, 1) for nt, cw, xs, zs in WS_CONFIGS] if ws else WGMMA_CONFIGS
+    for nt, wg, mw, xs, zs, mb in configs:
         if ks % zs:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, ws)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
                 xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
                 x = to_gpu(xh)   # ldx = K + 24: rows wider than K
@@ -358,7 +364,7 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
                           grid=ref_grid, shared=ref_fn[1])
                 arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
                 g = got.get()
-                cfg = (nt, wg, mw, xs, zs, mb)
+                cfg = ("ws" if ws else "wgmma", nt, wg, mw, xs, zs, mb)
                 assert not arr.any(), f"wgmma {cfg}: arrival counters left {arr}"
                 if not epi:
                     e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
@@ -367,7 +373,8 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
                     f"N={N} K={K} wgmma {cfg} epi={epi} R={R}: bits differ"
                 tried += 1
     assert tried
-    print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+    kind = "wgmma_ws_q4" if ws else "wgmma_q4"
+    print(f"{kind} N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
 
 
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256)])
