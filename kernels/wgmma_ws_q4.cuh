@@ -4,31 +4,32 @@
 //
 // wgmma_q4 runs each group's steps one after another in every warp (wait for the weights, a
 // block barrier, store the next activation tile, dequantize, 8 wgmmas, wait, scale), and with one
-// block per SM nothing overlaps them (bench/NOTES.md, version 4). Here a block has two roles:
+// block per SM nothing overlaps them (bench/NOTES.md, version 4). Here a block has three roles:
 //
-//   - one producer warpgroup fills an XS-stage ring in shared memory. Per group, bulk copies
-//     (cp.async.bulk, counted by mbarrier transaction bytes) bring the weights and scales of the
-//     block's m-tiles and the activation rows (256 bytes of each, as they lie in x) XS-1 groups
-//     ahead; then the producer's threads transpose the group's rows into wgmma's B layout
-//     (wgmma_q4's core-matrix layout, below) inside shared memory. (Loading the activations
-//     into registers one group ahead, as wgmma_q4 does, left both kernels waiting ~1.2 us per
-//     group on those loads: bench/NOTES.md, version 5.)
-//   - CW consumer warpgroups, each owning 64 output rows (one m-tile per warp), wait for a stage,
-//     dequantize their A fragments, run the group's 8 wgmmas, release the stage and scale.
+//   - a weight warp streams the weights and scales of the block's m-tiles into an XS-stage ring
+//     by bulk copies (cp.async.bulk, counted by each stage mbarrier's transaction bytes), as far
+//     ahead as the ring allows. Weights are constant, so it never waits for the previous kernel;
+//   - four activation warps load each group's activation tile into registers LA groups ahead
+//     and store it transposed into wgmma's B layout (wgmma_q4's core-matrix layout) in an
+//     XX-stage ring;
+//   - CW consumer warpgroups, each owning 64 output rows (one m-tile per warp), wait for both
+//     stages of a group, dequantize their A fragments, run the group's 8 wgmmas, release the
+//     stages and scale.
 //
-// Stages are handed over by mbarriers (full: the producer's 128 arrivals plus the weight bytes;
-// empty: one arrival per consumer warp), never by a block barrier, so the consumer warpgroups
-// drift apart and one dequantizes while another's wgmmas run, and the producer runs up to XS
-// groups ahead of the slowest.
+// Stages are handed over by mbarriers, never by a block barrier: the consumer warpgroups drift
+// apart (one dequantizes while another's wgmmas run) and the weights run XS groups ahead of the
+// slowest consumer, independently of the activations.
 //
 // The arithmetic is wgmma_q4's and so gemv_q4's (the same KS parts, the same per-group k-steps
 // from zero and fp32 scale-add, the parts summed in part order): a row's bits do not depend on
-// CW, XS or ZS (tests/gpu/test_gemv_q4.py checks them against gemv_q4 on the device).
+// CW, XS, XX, LA or ZS (tests/gpu/test_gemv_q4.py checks them against gemv_q4 on the device).
+// AB (timing experiments only, wrong results): bit 0 skips the activation loads, bit 1 the
+// dequantization, bit 2 the wgmmas.
 //
-// Launch: grid = (ceil(ceil(N/16) / (4*CW)), ceil(R / (8*NT)), ZS), block = 128*CW + 128,
+// Launch: grid = (ceil(ceil(N/16) / (4*CW)), ceil(R / (8*NT)), ZS), block = 128*CW + 160,
 //   dynamic smem WsLaunch::dyn_smem_bytes (the caller raises the 48 KiB limit). ZS > 1: `part`
 //   holds WsLaunch::part_floats * grid.x * grid.y floats, `arrivals` grid.x * grid.y zeroed ints,
-//   as wgmma_q4. With CW = 3 both roles fit 128 registers (one 512-thread block per SM).
+//   as wgmma_q4.
 //
 // Compiles alone:
 //   nvcc -arch=sm_90a -std=c++17 -cubin -Xptxas -v -x cu kernels/wgmma_ws_q4.cuh -o /dev/null
@@ -37,28 +38,32 @@
 
 namespace q38 {
 
-template <int NT, int KS, int CW, int XS, int ZS = 1>
+template <int NT, int KS, int CW, int XS, int ZS = 1, int XX = 2, int GW = 1>
 struct WsLaunch {
   static_assert(CW >= 1 && CW <= 3, "wgmma_ws_q4: 1 to 3 consumer warpgroups");
-  static_assert(XS >= 2 && XS <= 8, "wgmma_ws_q4: 2 <= XS <= 8 ring stages");
-  static_assert(8 * NT <= 64, "wgmma_ws_q4: at most 64 activation rows (two per producer lane)");
+  static_assert(XS >= 2 && XS <= 16, "wgmma_ws_q4: 2 <= XS <= 16 weight stages");
+  static_assert(XX >= 1 && XX <= 4, "wgmma_ws_q4: 1 <= XX <= 4 activation stages");
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_ws_q4: ZS must divide KS");
+  static_assert(GW >= 1 && GW <= 8, "wgmma_ws_q4: 1 <= GW <= 8 groups per weight stage");
   static constexpr int consumers = 128 * CW;
-  static constexpr int threads = consumers + 128;  // + the producer warpgroup
+  static constexpr int threads = consumers + 160;  // + the weight warp + four activation warps
   static constexpr int rows_per_block = 64 * CW;
   static constexpr int btg = 8 * NT;
   static constexpr int x_bytes = 8 * NT * 256;      // a group's B operand: 8 k-steps x NT x 256 B
-  static constexpr int raw_row = 256 + 16;          // a copied activation row, padded: no bank conflicts
-  static constexpr int raw_bytes = 8 * NT * raw_row;
-  static constexpr int w_bytes = 4 * CW * 66 * 16;  // per consumer warp: 64 uint4 weights, 2 scales
-  static constexpr int stage_bytes = x_bytes + raw_bytes + w_bytes;  // [B tile | raw rows | weights]
-  static constexpr int w_copy_bytes = 4 * CW * (1024 + 32);  // one stage's weight bulk copies
+  // A weight stage: GW groups, [4*CW m-tiles][GW][64 uint4 weights], then [4*CW][GW][32 bytes
+  // of scales]: one bulk copy of each per m-tile (copies cost the copy engine ~60 cycles each).
+  static constexpr int w_bytes = 4 * CW * GW * 66 * 16;
+  static constexpr int w_scale_offset = 4 * CW * GW * 1024;
+  static constexpr int group_copy_bytes = 4 * CW * (1024 + 32);  // one group's weights and scales
   static constexpr int x_units = 32 * NT;                    // (row, k-tile, half) of a group
   static constexpr int x_per_thread = (x_units + 127) / 128;
   static constexpr int values = NT * 4;  // accumulators per consumer thread
   static constexpr int sum_bytes = KS > 1 && ZS == 1 ? consumers * values * 4 : 0;
   static constexpr int part_floats = KS * consumers * values;  // per row block (ZS > 1)
-  static constexpr int dyn_smem_bytes = XS * stage_bytes + sum_bytes + 24 * XS;  // + mbarriers
+  // [XX activation tiles][XS weight stages][sums][mbarriers: 2 per stage of each ring]
+  static constexpr int w_offset = XX * x_bytes;
+  static constexpr int sum_offset = w_offset + XS * w_bytes;
+  static constexpr int dyn_smem_bytes = sum_offset + sum_bytes + 16 * (XS + XX);
 };
 
 // mbarrier and bulk-copy primitives (shared-memory addresses as __cvta_generic_to_shared gives).
@@ -90,120 +95,128 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 }
 
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (min(8, K/128)); EPI:
-// GemvEpilogue; CW: consumer warpgroups (64 rows each); XS: ring stages; ZS: blocks splitting
-// the parts of K (grid.z).
-template <int K, int NT, int KS, int EPI, int CW, int XS, int ZS = 1>
+// GemvEpilogue; CW: consumer warpgroups (64 rows each); XS: weight stages; ZS: blocks splitting
+// the parts of K (grid.z); XX: activation stages; GW: groups per weight stage; LA: groups of
+// activations loaded ahead of the one stored; AB: above.
+template <int K, int NT, int KS, int EPI, int CW, int XS, int ZS = 1, int XX = 2, int GW = 1, int LA = 1,
+          int AB = 0>
 __device__ __forceinline__ void wgmma_ws_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                             const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                             float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WsLaunch<NT, KS, CW, XS, ZS>;
+  using L = WsLaunch<NT, KS, CW, XS, ZS, XX, GW>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, TC = L::consumers;
-  constexpr int SB = L::stage_bytes, XB = L::x_bytes;
-  extern __shared__ __align__(128) uint4 ws_smem[];  // [XS][x tile | weights], sums, mbarriers
+  constexpr int XB = L::x_bytes, WB = L::w_bytes;
+  extern __shared__ __align__(128) uint4 ws_smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int tiles = (N + 15) >> 4;
   const int r0 = blockIdx.y * (8 * NT);
   const unsigned smem0 = (unsigned)__cvta_generic_to_shared(ws_smem);
-  // mbarriers: full[s] (the B tile and weights of stage s are ready), empty[s] (every consumer
-  // warp is done with stage s), raw[s] (its activation rows have landed, for the producer).
-  const unsigned bar0 = smem0 + XS * SB + L::sum_bytes;
-  auto full = [&](int s) { return bar0 + 8 * s; };
-  auto empty = [&](int s) { return bar0 + 8 * (XS + s); };
-  auto raw = [&](int s) { return bar0 + 8 * (2 * XS + s); };
+  // mbarriers: wfull[s] (weight stage s has landed), wempty[s] (every consumer warp is done with
+  // it), xfull[s] / xempty[s] the same for activation stage s.
+  const unsigned bar0 = smem0 + L::sum_offset + L::sum_bytes;
+  auto wfull = [&](int s) { return bar0 + 8 * s; };
+  auto wempty = [&](int s) { return bar0 + 8 * (XS + s); };
+  auto xfull = [&](int s) { return bar0 + 8 * (2 * XS + s); };
+  auto xempty = [&](int s) { return bar0 + 8 * (2 * XS + XX + s); };
 
   // This block's parts [pa, pb) and their groups [gb, ge).
   const int pa = (int)blockIdx.z * (KS / ZS), pb = pa + KS / ZS;
-  const int gb = (pa * NG) / KS, ge = (pb * NG) / KS;
+  const int gb = (pa * NG) / KS, ge = (pb * NG) / KS, ng = ge - gb;
   const size_t blk = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
 
   if (tid == 0) {
     for (int s = 0; s < XS; ++s) {
-      mbar_init(full(s), 128 + 1);  // the producer's threads + the weight bytes' arrival
-      mbar_init(empty(s), 4 * CW);  // one per consumer warp
-      mbar_init(raw(s), 1);         // the activation bytes' arrival
+      mbar_init(wfull(s), 1);        // the weight warp's arrival with the bytes
+      mbar_init(wempty(s), 4 * CW);  // one per consumer warp
+    }
+    for (int s = 0; s < XX; ++s) {
+      mbar_init(xfull(s), 128);      // the activation warps' threads
+      mbar_init(xempty(s), 4 * CW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   pdl_launch_dependents();
 
-  if (tid >= TC) {
-    // ------------------------------------------------------------------ producer warpgroup
-    const int pt = tid - TC;
-    const int ng = ge - gb;
-    // Bulk copies of group gb + m into stage m % XS, by the producer's first warp: lane l < 4*CW
-    // copies m-tile l's 1 KiB of weights and 32 bytes of scales (rows past N read the last
-    // tile), lanes copy activation rows (rows past R read row R-1), after lane 0 announced the
-    // bytes on the stage's barrier.
-    auto issue_w = [&](int m) {
-      if (pt < 32) {
-        const int s = m % XS, gi = gb + m;
-        if (pt == 0) mbar_arrive_tx(full(s), L::w_copy_bytes);
-        __syncwarp();
-        if (pt < 4 * CW) {
-          const int t = min((int)(blockIdx.x * CW) * 4 + pt, tiles - 1);
-          const unsigned d = smem0 + s * SB + XB + L::raw_bytes + pt * 66 * 16;
-          bulk_copy(d, qweight + ((size_t)t * KT + 2 * gi) * 32, 1024, full(s));
-          bulk_copy(d + 64 * 16, reinterpret_cast<const unsigned short*>(scales) + ((size_t)t * NG + gi) * 16,
-                    32, full(s));
-        }
+  if (warp == 4 * CW) {
+    // ------------------------------------------------------------------------- weight warp
+    // Weight stage m (groups gb + GW m ..) into ring slot m % XS: lane l < 4*CW copies m-tile
+    // l's weights and scales of those groups (rows past N read the last tile), after lane 0
+    // announced the bytes. Constant data: no pdl_wait.
+    const int t = min((int)(blockIdx.x * CW) * 4 + lane, tiles - 1);
+    const uint4* wsrc = qweight + (size_t)t * KT * 32;
+    const unsigned short* ssrc = reinterpret_cast<const unsigned short*>(scales) + (size_t)t * NG * 16;
+#pragma unroll 1
+    for (int m = 0; m * GW < ng; ++m) {
+      const int s = m % XS, gi = gb + m * GW, cnt = min(GW, ng - m * GW);
+      if (m >= XS) mbar_wait(wempty(s), ((m / XS) - 1) & 1);
+      if (lane == 0) mbar_arrive_tx(wfull(s), L::group_copy_bytes * cnt);
+      __syncwarp();
+      if (lane < 4 * CW) {
+        const unsigned d = smem0 + L::w_offset + s * WB;
+        bulk_copy(d + lane * GW * 1024, wsrc + gi * 64, 1024 * cnt, wfull(s));
+        bulk_copy(d + L::w_scale_offset + lane * GW * 32, ssrc + gi * 16, 32 * cnt, wfull(s));
       }
-    };
-    auto issue_x = [&](int m) {
-      if (pt < 32) {
-        const int s = m % XS, gi = gb + m;
-        if (pt == 0) mbar_arrive_tx(raw(s), 8 * NT * 256);
-        __syncwarp();
-        for (int r = pt; r < 8 * NT; r += 32)
-          bulk_copy(smem0 + s * SB + XB + r * L::raw_row, x + (size_t)min(r0 + r, R - 1) * ldx + gi * 128,
-                    256, raw(s));
-      }
-    };
-    const int P = min(XS - 1, ng);
-    for (int m = 0; m < P; ++m) issue_w(m);  // constant data: before pdl_wait
-    pdl_wait();                               // x comes from the previous kernel
-    for (int m = 0; m < P; ++m) issue_x(m);
-
-    // The transpose (wgmma_q4's units and core-matrix layout): unit u = pt + 128 i is activation
-    // row 8 nb + n8, k-tile h, half ih: its 16 bytes at 32 j + 16 ih of the row's 128-byte
-    // k-tile (j = 0..3) become 4 core-matrix rows, row t holding word t of each.
-    constexpr int XP = L::x_per_thread;
-    int xsrc[XP];
+    }
+    return;  // the consumers' last barriers (ZS > 1) are named ones among themselves
+  }
+  if (warp > 4 * CW) {
+    // --------------------------------------------------------------------- activation warps
+    // The activation tile (wgmma_q4's units and core-matrix layout): unit u = pt + 128 i is
+    // activation row 8 nb + n8, k-tile h, half ih; its four 16-byte loads, 32 bytes apart,
+    // become 4 core-matrix rows, row t holding word t of each. Loaded LA groups ahead into a
+    // rotation of LA + 1 register buffers.
+    const int pt = tid - TC - 32;
+    pdl_wait();  // x comes from the previous kernel
+    constexpr int XP = L::x_per_thread, NB = LA + 1;
+    int xoff[XP];
     unsigned xdst[XP];
 #pragma unroll
     for (int i = 0; i < XP; ++i) {
       const int u = pt + i * 128, n8 = u & 7, ih = (u >> 3) & 1, nb = (u >> 4) % NT, h = u / (16 * NT);
-      xsrc[i] = u < L::x_units ? (8 * nb + n8) * L::raw_row + h * 128 + ih * 16 : -1;
+      const int row = min(r0 + 8 * nb + n8, R - 1);
+      xoff[i] = u < L::x_units ? row * ldx * 2 + h * 128 + ih * 16 : -1;
       xdst[i] = ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16;
     }
-#pragma unroll 1
-    for (int j = 0; j < ng; ++j) {
-      const int s = j % XS;
-      mbar_wait(raw(s), (j / XS) & 1);
-      char* st = reinterpret_cast<char*>(ws_smem) + s * SB;
+    uint4 xr[NB][XP][4];
+    auto load_x = [&](uint4 (&v)[XP][4], int m) {
+      const char* src = reinterpret_cast<const char*>(x) + (gb + m) * 256;
 #pragma unroll
       for (int i = 0; i < XP; ++i)
-        if (xsrc[i] >= 0) {
-          const uint4* q = reinterpret_cast<const uint4*>(st + XB + xsrc[i]);
-          const uint4 v0 = q[0], v1 = q[2], v2 = q[4], v3 = q[6];  // 32 bytes apart
-          uint4* d = reinterpret_cast<uint4*>(st + xdst[i]);
-          d[0] = make_uint4(v0.x, v1.x, v2.x, v3.x);
-          d[8] = make_uint4(v0.y, v1.y, v2.y, v3.y);
-          d[NT * 16] = make_uint4(v0.z, v1.z, v2.z, v3.z);
-          d[NT * 16 + 8] = make_uint4(v0.w, v1.w, v2.w, v3.w);
+        if (xoff[i] >= 0)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            v[i][j] = AB & 1 ? make_uint4(0, 0, 0, 0) : ld_after_wait16(src + xoff[i] + 32 * j);
+    };
+#pragma unroll
+    for (int b = 0; b < LA; ++b)
+      if (b < ng) load_x(xr[b], b);
+#pragma unroll 1
+    for (int j0 = 0; j0 < ng; j0 += NB) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {  // unrolled: the buffer indices are constants
+        const int j = j0 + b, s = j % XX;
+        if (j < ng) {
+          if (j + LA < ng) load_x(xr[(b + LA) % NB], j + LA);
+          if (j >= XX) mbar_wait(xempty(s), ((j / XX) - 1) & 1);
+          char* st = reinterpret_cast<char*>(ws_smem) + s * XB;
+#pragma unroll
+          for (int i = 0; i < XP; ++i)
+            if (xoff[i] >= 0) {
+              const uint4(&v)[4] = xr[b][i];
+              uint4* d = reinterpret_cast<uint4*>(st + xdst[i]);
+              d[0] = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+              d[8] = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+              d[NT * 16] = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+              d[NT * 16 + 8] = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+            }
+          fence_proxy_async();  // the stores visible to the tensor cores
+          mbar_arrive(xfull(s));
         }
-      fence_proxy_async();  // the stores visible to the tensor cores
-      mbar_arrive(full(s));
-      // Refill the stage of group j - 1 with group j + XS - 1 once every consumer is done with it.
-      const int m = j + XS - 1;
-      if (m < ng) {
-        if (m >= XS) mbar_wait(empty(m % XS), ((m / XS) - 1) & 1);
-        issue_w(m);
-        issue_x(m);
       }
     }
-    return;  // the consumers' last barriers (ZS > 1) are named ones among themselves
+    return;
   }
 
   // -------------------------------------------------------------------- consumer warpgroups
@@ -213,18 +226,18 @@ __device__ __forceinline__ void wgmma_ws_q4(const uint4* __restrict__ qweight, c
   float acc[1][NT][4], pt[1][NT][4];
   q4_zero<1, NT>(acc);
   q4_zero<1, NT>(pt);
-  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(ws_smem) + XS * SB) + tid;
+  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(ws_smem) + L::sum_offset) + tid;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   auto pslot = [&](int p) { return part_buf + ((size_t)p * gridDim.x * gridDim.y + blk) * (TC * V) + tid; };
   const uint64_t desc0 = (uint64_t)((smem0 & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 |
                          (uint64_t)(256 >> 4) << 32;
 
 #pragma unroll 1
-  for (int j = 0; gb + j < ge; ++j) {
-    const int gi = gb + j, s = j % XS;
-    mbar_wait(full(s), (j / XS) & 1);
-    const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(ws_smem) + s * SB + XB +
-                                                     L::raw_bytes) + warp * 66;
+  for (int j = 0; j < ng; ++j) {
+    const int gi = gb + j, ws_i = j / GW, s = ws_i % XS, sx = j % XX, slot = warp * GW + j % GW;
+    mbar_wait(wfull(s), (ws_i / XS) & 1);
+    const char* wstage = reinterpret_cast<const char*>(ws_smem) + L::w_offset + s * WB;
+    const uint4* ws = reinterpret_cast<const uint4*>(wstage) + slot * 64;
     uint32_t a[8][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -233,25 +246,34 @@ __device__ __forceinline__ void wgmma_ws_q4(const uint4* __restrict__ qweight, c
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) a[4 * h + i][q] = q4_pair(wi[i], q);
+        for (int q = 0; q < 4; ++q) a[4 * h + i][q] = AB & 2 ? wi[i] ^ q : q4_pair(wi[i], q);
     }
-    const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + 64);
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(wstage + L::w_scale_offset + slot * 32);
     const uint32_t sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+    mbar_wait(xfull(sx), (j / XX) & 1);
     uint64_t desc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      desc[k] = desc0 + (uint64_t)((s * SB + k * NT * 256) >> 4);
+      desc[k] = desc0 + (uint64_t)((sx * XB + k * NT * 256) >> 4);
       asm volatile("" : "+l"(desc[k]));  // every input of the wgmmas is defined before they start
 #pragma unroll
       for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[k][q]));
     }
     wgmma_fence();
+    if constexpr (AB & 4) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) Wgmma<NT>::mma(pt[0], a[k], desc[k], k);
+      for (int k = 0; k < 8; ++k) pt[0][k % NT][0] += __uint_as_float(a[k][0] ^ (uint32_t)desc[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) Wgmma<NT>::mma(pt[0], a[k], desc[k], k);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with stage s
+    if (lane == 0) {  // this warp is done with group gi's activation stage (and weight stage)
+      if (j % GW == GW - 1 || j == ng - 1) mbar_arrive(wempty(s));
+      mbar_arrive(xempty(sx));
+    }
     wgmma_fence_regs<NT>(pt[0]);
     q4_scale_add<NT>(acc[0], pt[0], sw);
     if (KS > 1 && gi + 1 == part_end) {

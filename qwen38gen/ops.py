@@ -291,16 +291,16 @@ def ws_entry(k: int, btg: int, epi: int, cw: int, xs: int, zs: int) -> Entry:
     targs = f"{nt}, {ks}, {cw}, {xs}, {zs}"
     return Entry(name=f"q38_gemv_k{k}_ws{cw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}",
                  call=f"q38::wgmma_ws_q4<{k}, {nt}, {ks}, {epi}, {cw}, {xs}, {zs}>",
-                 params=GEMM_PARAMS, threads=128 * cw + 128, smem=smem, waits=True, min_blocks=1,
+                 params=GEMM_PARAMS, threads=128 * cw + 160, smem=smem, waits=True, min_blocks=1,
                  asserts=(f"q38::WsLaunch<{targs}>::dyn_smem_bytes == {smem}",
-                          f"q38::WsLaunch<{targs}>::threads == {128 * cw + 128}"))
+                          f"q38::WsLaunch<{targs}>::threads == {128 * cw + 160}"))
 
 
-def ws_smem(k: int, nt: int, cw: int, xs: int, zs: int) -> int:
+def ws_smem(k: int, nt: int, cw: int, xs: int, zs: int, xx: int = 2, gw: int = 1) -> int:
     """Dynamic shared memory of a wgmma_ws_q4 instance (WsLaunch::dyn_smem_bytes)."""
     ks = min(GEMV_KS, k // 128)
     sums = 128 * cw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
-    return xs * (8 * nt * 256 + 8 * nt * 272 + 4 * cw * 66 * 16) + sums + 24 * xs
+    return xx * 8 * nt * 256 + xs * 4 * cw * gw * 66 * 16 + sums + 16 * (xs + xx)
 
 
 def ws_part_floats(k: int, nt: int, cw: int) -> int:

@@ -29,14 +29,16 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
 # XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh) or ("s", CW, XS, ZS) of wgmma_ws_q4
-# (kernels/wgmma_ws_q4.cuh); the first is the bitwise reference of its NT.
+# (kernels/wgmma_ws_q4.cuh), optionally + (GW, LA, XX, AB); the first is the bitwise reference of
+# its NT.
 SWEEP = {
-    8: (64, [("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("w", 4, 1, 3, 8, 1),
-             ("g", 1, 8, 3, 8, 2), ("s", 2, 4, 1), ("s", 2, 3, 1), ("s", 3, 3, 1), ("s", 1, 4, 1),
-             ("s", 1, 5, 1), ("s", 2, 4, 2), ("s", 2, 4, 4), ("s", 3, 4, 4), ("s", 2, 4, 8)]),
-    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 2, 4, 1, 1), ("s", 2, 4, 1), ("s", 3, 3, 1), ("s", 2, 6, 1),
-             ("s", 1, 4, 1), ("s", 2, 4, 4), ("s", 3, 4, 4)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("s", 2, 4, 1), ("s", 1, 4, 1), ("s", 2, 4, 4)]),
+    8: (64, [("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("g", 1, 8, 3, 8, 2),
+             ("s", 2, 12, 1), ("s", 2, 6, 1, 2), ("s", 2, 3, 1, 4), ("s", 2, 2, 1, 8),
+             ("s", 2, 4, 1, 4), ("s", 2, 3, 1, 4, 2), ("s", 2, 3, 1, 4, 1, 3), ("s", 1, 4, 1, 8),
+             ("s", 2, 3, 1, 4, 1, 2, 7), ("s", 2, 3, 1, 4, 1, 2, 1), ("s", 2, 3, 1, 4, 1, 2, 4),
+             ("s", 2, 4, 4, 4), ("s", 2, 4, 8, 2), ("s", 2, 3, 8, 4)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 2, 4, 1, 1), ("s", 2, 12, 1), ("s", 2, 3, 1, 4),
+             ("s", 2, 4, 1, 4), ("s", 1, 4, 1, 8), ("s", 2, 4, 4, 4), ("s", 2, 3, 8, 4)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
@@ -48,10 +50,17 @@ def ks_of(k: int) -> int:
     return min(KS_MAX, k // 128)
 
 
+def ws_knobs(cfg):
+    """(CW, XS, ZS, GW, LA, XX, AB) of an ("s", ...) config; GW = 1, LA = 1, XX = 2, AB = 0 when
+    left out."""
+    knobs = list(cfg[1:])
+    return tuple(knobs + [1, 1, 2, 0][len(knobs) - 3:])
+
+
 def name(k, nt, cfg):
     if cfg[0] == "s":
-        _, cw, xs, zs = cfg
-        return f"sw_k{k}_ws{cw}_n{nt}_x{xs}_z{zs}"
+        cw, xs, zs, gw, la, xx, ab = ws_knobs(cfg)
+        return f"sw_k{k}_ws{cw}_n{nt}_x{xs}_z{zs}_g{gw}_l{la}_xx{xx}_a{ab}"
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb = cfg
         return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
@@ -65,8 +74,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "s":
-        _, cw, xs, zs = cfg
-        return ws_smem(k, nt, cw, xs, zs)
+        cw, xs, zs, gw, _, xx, _ = ws_knobs(cfg)
+        return ws_smem(k, nt, cw, xs, zs, xx, gw)
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         return wgmma_smem(k, nt, wg, mw, xs, zs)
@@ -80,9 +89,9 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "s":
-        _, cw, xs, zs = cfg
+        _, cw, xs, zs, *_ = cfg
         gx, gy = -(-(N // 16) // (4 * cw)), -(-R // (8 * nt))
-        return (gx, gy, zs), (128 * cw + 128, 1, 1), ws_part_floats(k, nt, cw) * gx * gy
+        return (gx, gy, zs), (128 * cw + 160, 1, 1), ws_part_floats(k, nt, cw) * gx * gy
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
@@ -114,8 +123,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "s":
-            _, cw, xs, zs = cfg
-            threads, mb, call = 128 * cw + 128, 1, f"wgmma_ws_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {zs}>"
+            cw, xs, zs, gw, la, xx, ab = ws_knobs(cfg)
+            threads, mb = 128 * cw + 160, 1
+            call = f"wgmma_ws_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {zs}, {xx}, {gw}, {la}, {ab}>"
         elif cfg[0] == "w":
             _, wg, mw, xs, zs, mb = cfg
             threads, call = 128 * wg, f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}>"
@@ -157,8 +167,10 @@ def run(cubin: str, reps: int = 20):
     regs = json.loads(Path(cubin + ".regs.json").read_text())
     # The same functions launched with programmatic dependent launch, as the program's graph
     # runs them: each launch may start while the previous one drains.
+    # (Instances over an SM's 227 KiB of shared memory are left out; their plain launch fails.)
     pdl = PdlModule(Path(cubin).read_bytes(),
-                    {name(k, nt, cfg): {"smem": smem_of(k, nt, cfg)} for k, nt, cfg in instances()})
+                    {name(k, nt, cfg): {"smem": smem_of(k, nt, cfg)} for k, nt, cfg in instances()
+                     if smem_of(k, nt, cfg) <= 227 * 1024})
     pool_bytes = 256 << 20
     results = []
     scratch = []
@@ -187,6 +199,9 @@ def run(cubin: str, reps: int = 20):
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
                 sm = smem_of(K, nt, cfg)
+                if sm > 227 * 1024:
+                    print(f"{sname} R={R} {cfg}: {sm} bytes of shared memory, over an SM's", flush=True)
+                    continue
                 allow_dynamic_smem(fn, sm)
                 grid, block, pf = shape_of(N, R, nt, K, cfg)
                 part = drv.mem_alloc(4 * pf)
@@ -239,7 +254,7 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gdn.in", 8, ("s", 2, 4, 1)), ("gdn.in", 8, ("w", 2, 1, 4, 1, 1))]
+PROFILE = [("gdn.in", 8, ("s", 2, 4, 1, 2))]
 
 
 def profile(cubin: str):

@@ -280,20 +280,23 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
                  (4, 1, 2, 4, 1, 1), (4, 2, 1, 4, 2, 1), (2, 1, 1, 6, 1, 1), (2, 1, 2, 2, 4, 1),
                  (1, 2, 2, 8, 1, 1)]
 _WGMMA: dict = {}
-# wgmma_ws_q4 configs (NT, CW, XS, ZS): consumer warpgroups, ring stages, blocks splitting K.
-WS_CONFIGS = [(8, 2, 4, 1), (8, 3, 3, 1), (8, 1, 2, 8), (8, 2, 5, 4), (4, 2, 4, 1), (4, 3, 4, 2),
-              (2, 1, 4, 1), (2, 2, 2, 4), (1, 2, 8, 1)]
+# wgmma_ws_q4 configs (NT, CW, XS, ZS, GW): consumer warpgroups, weight stages, blocks splitting
+# K, groups per weight stage (3 does not divide the groups of a part: partly filled stages).
+WS_CONFIGS = [(8, 2, 4, 1, 1), (8, 2, 3, 1, 4), (8, 1, 2, 8, 3), (8, 2, 4, 4, 4), (4, 2, 12, 1, 1),
+              (4, 3, 4, 2, 2), (2, 1, 4, 1, 8), (2, 2, 2, 4, 3), (1, 2, 8, 1, 1)]
 
 
 def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, ws=False):
-    """wgmma_q4, or with ws wgmma_ws_q4 (wg = its consumer warpgroups CW; mw and mb unused)."""
+    """wgmma_q4, or with ws wgmma_ws_q4 (wg = its consumer warpgroups CW, mw its groups per
+    weight stage GW; mb unused)."""
     key = (K, nt, ks, epi, wg, mw, xs, zs, mb, ws)
     if key not in _WGMMA:
         if ws:
-            name = f"wgmma_ws_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}"
-            targs, threads, mb = f"{nt}, {ks}, {wg}, {xs}, {zs}", 128 * wg + 128, 1
-            call, launch = f"wgmma_ws_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}>", "WsLaunch"
-            smem, pf = ops.ws_smem(K, nt, wg, xs, zs), ops.ws_part_floats(K, nt, wg)
+            name = f"wgmma_ws_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}_{mw}"
+            targs, threads, mb = f"{nt}, {ks}, {wg}, {xs}, {zs}, 2, {mw}", 128 * wg + 160, 1
+            call = f"wgmma_ws_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, 2, {mw}>"
+            launch = "WsLaunch"
+            smem, pf = ops.ws_smem(K, nt, wg, xs, zs, 2, mw), ops.ws_part_floats(K, nt, wg)
         else:
             name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
             targs, threads = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}", 128 * wg
@@ -312,7 +315,7 @@ static_assert(q38::{launch}<{targs}>::part_floats == {pf}, "ops part floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
         allow_dynamic_smem(fn, smem)
-        _WGMMA[key] = (fn, smem, threads, pf)
+        _WGMMA[key] = (fn, smem, threads, pf, 4 * wg * (1 if ws else mw))  # m-tiles per block
     return _WGMMA[key]
 
 
@@ -320,9 +323,9 @@ def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
     """Launch a _wgmma_kernel; returns the arrival counters (every launch must leave them at 0)."""
     import pycuda.gpuarray as ga
 
-    fn, smem, threads, pf = k
+    fn, smem, threads, pf, per_block = k
     tiles = qw.shape[0]
-    gx, gy = -(-tiles // (4 * wg * mw)), -(-R // (8 * nt))
+    gx, gy = -(-tiles // per_block), -(-R // (8 * nt))
     part = ga.empty(pf * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
@@ -345,7 +348,7 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K, ws):
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    configs = [(nt, cw, 1, xs, zs, 1) for nt, cw, xs, zs in WS_CONFIGS] if ws else WGMMA_CONFIGS
+    configs = [(nt, cw, gw, xs, zs, 1) for nt, cw, xs, zs, gw in WS_CONFIGS] if ws else WGMMA_CONFIGS
     for nt, wg, mw, xs, zs, mb in configs:
         if ks % zs:
             continue
