@@ -63,21 +63,16 @@ struct GemmLaunch {
 // K split over ZS blocks (gemm_q4, wgmma_q4): each block has stored its parts' sums; true in the
 // last of them to arrive at its row block's counter, which it resets to 0 for the next launch.
 // That block then adds the KS parts in part order from 0.f and stores y.
-// TB > 0: only threads 0 .. TB-1 take part (named barrier 1), the others have left.
-template <int ZS, int TB = 0>
+template <int ZS>
 __device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
   __shared__ int last;
-  auto sync = [] {
-    if constexpr (TB > 0) asm volatile("bar.sync 1, %0;" ::"n"(TB) : "memory");
-    else __syncthreads();
-  };
   __threadfence();
-  sync();
+  __syncthreads();
   if (threadIdx.x == 0) {
     last = atomicAdd(arrivals + blk, 1) == ZS - 1;
     if (last) arrivals[blk] = 0;  // every launch leaves the counters at 0
   }
-  sync();
+  __syncthreads();
   return last;
 }
 

@@ -257,57 +257,6 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
 
-# wgmma_ws_q4 (kernels/wgmma_ws_q4.cuh, sm_90a): wgmma_q4's arithmetic with the roles split, a
-# producer warpgroup filling a ring and CW consumer warpgroups (64 rows each) taking its stages
-# through mbarriers. (btg, shape kind) -> (CW, XS); ZS from gemm_split at one block per SM.
-WS_TABLE: dict[tuple[int, str], tuple[int, int]] = {
-    (64, "gate_up"): (2, 4),
-    (64, "in"): (2, 4),
-    (64, "long"): (2, 4),
-    (64, "narrow"): (2, 4),
-    (64, "lm_head"): (2, 4),
-    (32, "gate_up"): (2, 4),
-    (32, "in"): (2, 4),
-    (32, "long"): (2, 4),
-    (32, "narrow"): (2, 4),
-    (32, "lm_head"): (2, 4),
-}
-
-
-def ws_launch(rows: int, k: int, btg: int, R: int) -> tuple[int, int, int] | None:
-    """(CW, XS, ZS) of the wgmma_ws_q4 launch of a weight over R activation rows, or None where
-    ops picks another kernel. Scheduling only: a row's result is gemv_q4's."""
-    wc = WS_TABLE.get((btg, _shape_kind(rows, k)))
-    if wc is None:
-        return None
-    cw, xs = wc
-    return cw, xs, gemm_split(cdiv(cdiv(rows, 16), 4 * cw) * cdiv(R, btg), k, 1)
-
-
-def ws_entry(k: int, btg: int, epi: int, cw: int, xs: int, zs: int) -> Entry:
-    ks = min(GEMV_KS, k // 128)
-    nt = btg // 8
-    smem = ws_smem(k, nt, cw, xs, zs)
-    targs = f"{nt}, {ks}, {cw}, {xs}, {zs}"
-    return Entry(name=f"q38_gemv_k{k}_ws{cw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}",
-                 call=f"q38::wgmma_ws_q4<{k}, {nt}, {ks}, {epi}, {cw}, {xs}, {zs}>",
-                 params=GEMM_PARAMS, threads=128 * cw + 160, smem=smem, waits=True, min_blocks=1,
-                 asserts=(f"q38::WsLaunch<{targs}>::dyn_smem_bytes == {smem}",
-                          f"q38::WsLaunch<{targs}>::threads == {128 * cw + 160}"))
-
-
-def ws_smem(k: int, nt: int, cw: int, xs: int, zs: int, xx: int = 2, gw: int = 1) -> int:
-    """Dynamic shared memory of a wgmma_ws_q4 instance (WsLaunch::dyn_smem_bytes)."""
-    ks = min(GEMV_KS, k // 128)
-    sums = 128 * cw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
-    return xx * 8 * nt * 256 + xs * 4 * cw * gw * 66 * 16 + sums + 16 * (xs + xx)
-
-
-def ws_part_floats(k: int, nt: int, cw: int) -> int:
-    """fp32 partials per row block of a ZS > 1 launch (WsLaunch::part_floats)."""
-    return min(GEMV_KS, k // 128) * 128 * cw * nt * 4
-
-
 # ------------------------------------------------------------------------------------ plan
 @dataclass
 class Plan:
@@ -626,7 +575,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
     wgmma = lanes.arch == "sm_90a"
-    plan = Plan(headers=list(HEADERS) + (["wgmma_ws_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
+    plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     pts = sorted({1, lanes.pt} | ({KP} if K else set()))
@@ -711,14 +660,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
-        sl = ws_launch(n_out, k, btg, R) if wgmma else None
-        wl = None if sl else wgmma_launch(n_out, k, btg, R) if wgmma else None
-        gl = None if sl or wl else gemm_launch(n_out, k, btg, R)
-        if sl:
-            cw, xs, zs = sl
-            e, tiles, pf = (ws_entry(k, btg, epi, cw, xs, zs), 4 * cw,
-                            ws_part_floats(k, btg // 8, cw))
-        elif wl:
+        wl = wgmma_launch(n_out, k, btg, R) if wgmma else None
+        gl = None if wl else gemm_launch(n_out, k, btg, R)
+        if wl:
             wg, mw, xs, zs, mb = wl
             e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
@@ -726,7 +670,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             mt, wr, st, zs, mb = gl
             e, tiles, pf = (gemm_entry(k, btg, epi, mt, wr, st, zs, mb), mt * wr,
                             gemm_part_floats(k, mt, btg // 8, wr))
-        if sl or wl or gl:
+        if wl or gl:
             gx, gy = cdiv(cdiv(n_out, 16), tiles), cdiv(R, btg)
             e = plan.entry(e)
             if zs > 1:

@@ -21,28 +21,26 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_floats,  # noqa: E402
-                           wgmma_smem, ws_part_floats, ws_smem)
+                           wgmma_smem)
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
 # NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
-# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh) or ("s", CW, XS, ZS) of wgmma_ws_q4
-# (kernels/wgmma_ws_q4.cuh), optionally + (GW, LA, XX, AB); the first is the bitwise reference of
-# its NT.
+# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("g", 1, 8, 3, 8, 2),
-             ("s", 2, 12, 1), ("s", 2, 6, 1, 2), ("s", 2, 3, 1, 4), ("s", 2, 2, 1, 8),
-             ("s", 2, 4, 1, 4), ("s", 2, 3, 1, 4, 2), ("s", 2, 3, 1, 4, 1, 3), ("s", 1, 4, 1, 8),
-             ("s", 2, 3, 1, 4, 1, 2, 7), ("s", 2, 3, 1, 4, 1, 2, 1), ("s", 2, 3, 1, 4, 1, 2, 4),
-             ("s", 2, 4, 4, 4), ("s", 2, 4, 8, 2), ("s", 2, 3, 8, 4)]),
-    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 2, 4, 1, 1), ("s", 2, 12, 1), ("s", 2, 3, 1, 4),
-             ("s", 2, 4, 1, 4), ("s", 1, 4, 1, 8), ("s", 2, 4, 4, 4), ("s", 2, 3, 8, 4)]),
+    8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("g", 1, 8, 3, 8, 2), ("w", 2, 1, 4, 1, 1),
+             ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2), ("w", 3, 1, 4, 1, 1), ("w", 2, 1, 3, 4, 2),
+             ("w", 1, 1, 4, 2, 3), ("w", 2, 2, 4, 1, 1)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 2, 1, 4, 1, 1), ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2),
+             ("w", 2, 2, 4, 1, 1), ("w", 4, 1, 4, 4, 1), ("w", 2, 1, 4, 4, 2), ("w", 3, 1, 4, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
-# this table is the last one run (the L2 prefetch, -v5-gemv-sweep-pf.txt).
+# this table is the last one run (the 128-register cap, -v4-wgmma-sweep-mb2.txt). Version 5's
+# experiments (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4: commits 600c8c8 and
+# 3a78b55, bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
 
 
@@ -50,17 +48,7 @@ def ks_of(k: int) -> int:
     return min(KS_MAX, k // 128)
 
 
-def ws_knobs(cfg):
-    """(CW, XS, ZS, GW, LA, XX, AB) of an ("s", ...) config; GW = 1, LA = 1, XX = 2, AB = 0 when
-    left out."""
-    knobs = list(cfg[1:])
-    return tuple(knobs + [1, 1, 2, 0][len(knobs) - 3:])
-
-
 def name(k, nt, cfg):
-    if cfg[0] == "s":
-        cw, xs, zs, gw, la, xx, ab = ws_knobs(cfg)
-        return f"sw_k{k}_ws{cw}_n{nt}_x{xs}_z{zs}_g{gw}_l{la}_xx{xx}_a{ab}"
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb = cfg
         return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
@@ -73,9 +61,6 @@ def name(k, nt, cfg):
 
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
-    if cfg[0] == "s":
-        cw, xs, zs, gw, _, xx, _ = ws_knobs(cfg)
-        return ws_smem(k, nt, cw, xs, zs, xx, gw)
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         return wgmma_smem(k, nt, wg, mw, xs, zs)
@@ -88,10 +73,6 @@ def smem_of(k, nt, cfg):
 
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
-    if cfg[0] == "s":
-        _, cw, xs, zs, *_ = cfg
-        gx, gy = -(-(N // 16) // (4 * cw)), -(-R // (8 * nt))
-        return (gx, gy, zs), (128 * cw + 160, 1, 1), ws_part_floats(k, nt, cw) * gx * gy
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _ = cfg
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
@@ -119,14 +100,10 @@ def instances():
 def source() -> str:
     """One entry point per instance, all with the gemm signature (the part scratch and the
     arrival counters, unused by gemv_q4)."""
-    out = ['#include "gemm_q4.cuh"', '#include "wgmma_ws_q4.cuh"']
+    out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
-        if cfg[0] == "s":
-            cw, xs, zs, gw, la, xx, ab = ws_knobs(cfg)
-            threads, mb = 128 * cw + 160, 1
-            call = f"wgmma_ws_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {zs}, {xx}, {gw}, {la}, {ab}>"
-        elif cfg[0] == "w":
+        if cfg[0] == "w":
             _, wg, mw, xs, zs, mb = cfg
             threads, call = 128 * wg, f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}>"
         elif cfg[0] == "g":
@@ -135,7 +112,7 @@ def source() -> str:
         else:
             _, mt, st, xs, a = cfg
             threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
-        tail = ", part, arr" if cfg[0] in "wgs" else ""
+        tail = ", part, arr" if cfg[0] in "wg" else ""
         out.append(
             f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
             "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
@@ -166,8 +143,8 @@ def run(cubin: str, reps: int = 20):
     mod = drv.module_from_file(cubin)
     regs = json.loads(Path(cubin + ".regs.json").read_text())
     # The same functions launched with programmatic dependent launch, as the program's graph
-    # runs them: each launch may start while the previous one drains.
-    # (Instances over an SM's 227 KiB of shared memory are left out; their plain launch fails.)
+    # runs them: each launch may start while the previous one drains. (Instances over an SM's
+    # 227 KiB of shared memory are left out; their plain launch is skipped too.)
     pdl = PdlModule(Path(cubin).read_bytes(),
                     {name(k, nt, cfg): {"smem": smem_of(k, nt, cfg)} for k, nt, cfg in instances()
                      if smem_of(k, nt, cfg) <= 227 * 1024})
@@ -254,7 +231,7 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gdn.in", 8, ("s", 2, 4, 1, 2))]
+PROFILE = [("gdn.in", 8, ("w", 2, 1, 4, 1, 1)), ("gdn.in", 8, ("g", 2, 4, 3, 1, 1))]
 
 
 def profile(cubin: str):

@@ -134,10 +134,9 @@ def test_prompt_chunk_rows_and_counts():
     ("tiny", 17, 16, "sm_90a"), ("qwen3.8-27b", 16, 16, "sm_90a"), ("qwen3.8-27b", 1, 16, "sm_90a"),
     ("qwen3.8-27b", 64, 16, "sm_90"), ("qwen3.8-27b", 32, 16, "sm_90")])
 def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
-    """gemm_q4, wgmma_q4 and wgmma_ws_q4 launches: every split-K launch (grid.z = ZS > 1) fits
-    gemm_part and gemm_arrivals, every instance fits an SM's shared memory, btg 16 and below keep
-    gemv_q4, gemm_q4 serves btg 64 only, and the two wgmma kernels only the sm_90a lanes, where
-    ops' tables say."""
+    """gemm_q4 and wgmma_q4 launches: every split-K launch (grid.z = ZS > 1) fits gemm_part and
+    gemm_arrivals, every instance fits an SM's shared memory, btg 16 and below keep gemv_q4,
+    gemm_q4 serves btg 64 only, and wgmma_q4 only the sm_90a lanes, where ops' table says."""
     from qwen38gen import ops
 
     prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt, arch=arch))
@@ -147,30 +146,23 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     launches = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]]
     gemm = [L for L in launches if re.match(r"q38_gemv_k\d+_g\d", L["k"])]
     wgmma = [L for L in launches if re.match(r"q38_gemv_k\d+_wg", L["k"])]
-    ws = [L for L in launches if re.match(r"q38_gemv_k\d+_ws", L["k"])]
     btg = prog.lanes.btg
     weights = ops.fused_weights(PRESETS[model]).values()
-    want_s = [ops.ws_launch(w["rows"], w["k"], btg, batch) for w in weights]
-    want_w = [ops.wgmma_config(w["rows"], w["k"], btg) for w, s in zip(weights, want_s) if not s]
-    assert bool(ws) == (arch == "sm_90a" and any(want_s))
-    assert bool(wgmma) == (arch == "sm_90a" and any(want_w))
+    want_w = any(ops.wgmma_config(w["rows"], w["k"], btg) for w in weights)
+    assert bool(wgmma) == (arch == "sm_90a" and want_w)
     if btg < 64:
         assert not gemm
-    for L in gemm + wgmma + ws:
+    for L in gemm + wgmma:
         gx, gy, gz = L["grid"]
         assert m["kernels"][L["k"]]["smem"] <= 227 * 1024
         if L in gemm:
             k, mt, nt, wr, zs = (int(v) for v in re.match(
                 r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
             need = ops.gemm_part_floats(k, mt, nt, wr) * gx * gy
-        elif L in wgmma:
+        else:
             k, wg, mw, nt, zs = (int(v) for v in re.match(
                 r"q38_gemv_k(\d+)_wg(\d+)_mw(\d+)_n(\d+)_s\d+_e\d_x\d_z(\d+)", L["k"]).groups())
             need = ops.wgmma_part_floats(k, nt, wg, mw) * gx * gy
-        else:
-            k, cw, nt, zs = (int(v) for v in re.match(
-                r"q38_gemv_k(\d+)_ws(\d+)_n(\d+)_s\d+_e\d_x\d_z(\d+)", L["k"]).groups())
-            need = ops.ws_part_floats(k, nt, cw) * gx * gy
         assert gz == zs
         if zs > 1:
             assert part >= need and arrivals >= gx * gy

@@ -280,81 +280,68 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
                  (4, 1, 2, 4, 1, 1), (4, 2, 1, 4, 2, 1), (2, 1, 1, 6, 1, 1), (2, 1, 2, 2, 4, 1),
                  (1, 2, 2, 8, 1, 1)]
 _WGMMA: dict = {}
-# wgmma_ws_q4 configs (NT, CW, XS, ZS, GW): consumer warpgroups, weight stages, blocks splitting
-# K, groups per weight stage (3 does not divide the groups of a part: partly filled stages).
-WS_CONFIGS = [(8, 2, 4, 1, 1), (8, 2, 3, 1, 4), (8, 1, 2, 8, 3), (8, 2, 4, 4, 4), (4, 2, 12, 1, 1),
-              (4, 3, 4, 2, 2), (2, 1, 4, 1, 8), (2, 2, 2, 4, 3), (1, 2, 8, 1, 1)]
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, ws=False):
-    """wgmma_q4, or with ws wgmma_ws_q4 (wg = its consumer warpgroups CW, mw its groups per
-    weight stage GW; mb unused)."""
-    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, ws)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb):
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb)
     if key not in _WGMMA:
-        if ws:
-            name = f"wgmma_ws_{K}_{nt}_{ks}_{epi}_{wg}_{xs}_{zs}_{mw}"
-            targs, threads, mb = f"{nt}, {ks}, {wg}, {xs}, {zs}, 2, {mw}", 128 * wg + 160, 1
-            call = f"wgmma_ws_q4<{K}, {nt}, {ks}, {epi}, {wg}, {xs}, {zs}, 2, {mw}>"
-            launch = "WsLaunch"
-            smem, pf = ops.ws_smem(K, nt, wg, xs, zs, 2, mw), ops.ws_part_floats(K, nt, wg)
-        else:
-            name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
-            targs, threads = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}", 128 * wg
-            call, launch = f"wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>", "WgmmaLaunch"
-            smem, pf = ops.wgmma_smem(K, nt, wg, mw, xs, zs), ops.wgmma_part_floats(K, nt, wg, mw)
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
+        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
         src = f"""
-#include "wgmma_ws_q4.cuh"
-extern "C" __global__ void __launch_bounds__({threads}, {mb})
+#include "wgmma_q4.cuh"
+extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::{call}(q, s, x, ldx, y, ldy, N, R, part, arrivals);
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>(q, s, x, ldx, y, ldy, N, R,
+                                                               part, arrivals);
 }}
-static_assert(q38::{launch}<{targs}>::threads == {threads}, "");
-static_assert(q38::{launch}<{targs}>::dyn_smem_bytes == {smem}, "ops smem");
-static_assert(q38::{launch}<{targs}>::part_floats == {pf}, "ops part floats");
+static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
+static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
+              {ops.wgmma_smem(K, nt, wg, mw, xs, zs)}, "ops.wgmma_smem");
+static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
+              "ops.wgmma_part_floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
+        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs)
         allow_dynamic_smem(fn, smem)
-        _WGMMA[key] = (fn, smem, threads, pf, 4 * wg * (1 if ws else mw))  # m-tiles per block
+        _WGMMA[key] = (fn, smem)
     return _WGMMA[key]
 
 
 def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
-    """Launch a _wgmma_kernel; returns the arrival counters (every launch must leave them at 0)."""
+    """Launch wgmma_q4; returns the arrival counters (every launch must leave them at 0)."""
     import pycuda.gpuarray as ga
 
-    fn, smem, threads, pf, per_block = k
+    fn, smem = k
     tiles = qw.shape[0]
-    gx, gy = -(-tiles // per_block), -(-R // (8 * nt))
-    part = ga.empty(pf * gx * gy, np.float32)
+    gx, gy = -(-tiles // (4 * wg * mw)), -(-R // (8 * nt))
+    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
-       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(threads, 1, 1),
+       np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(128 * wg, 1, 1),
        grid=(gx, gy, zs), shared=smem)
     return arrivals.get()
 
 
-@pytest.mark.parametrize("ws", [False, True], ids=["wgmma_q4", "wgmma_ws_q4"])
 @pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (1280 + 768 + 32, 512), (96, 5120),
                                  (40, 1024), (5120, 6144), (5120, 17408)])
-def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K, ws):
-    """wgmma_q4 and wgmma_ws_q4 give gemv_q4's bits for every config, both epilogues, batches
-    that are and are not multiples of the tile, an activation stride wider than K, weights whose
-    rows do not fill the last warpgroup, and leave their counters at 0; so ops may pick them per
-    shape and batch without touching a row's result."""
+def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
+    """wgmma_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
+    not multiples of the tile, an activation stride wider than K, weights whose rows do not fill
+    the last warpgroup, and leaves its counters at 0; so ops may pick it per shape and batch
+    without touching a row's result."""
     rng = np.random.default_rng([N, K, 8])
     qweight, sc, wdq = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    configs = [(nt, cw, gw, xs, zs, 1) for nt, cw, xs, zs, gw in WS_CONFIGS] if ws else WGMMA_CONFIGS
-    for nt, wg, mw, xs, zs, mb in configs:
+    for nt, wg, mw, xs, zs, mb in WGMMA_CONFIGS:
         if ks % zs:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, ws)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
                 xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
                 x = to_gpu(xh)   # ldx = K + 24: rows wider than K
@@ -367,7 +354,7 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K, ws):
                           grid=ref_grid, shared=ref_fn[1])
                 arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
                 g = got.get()
-                cfg = ("ws" if ws else "wgmma", nt, wg, mw, xs, zs, mb)
+                cfg = (nt, wg, mw, xs, zs, mb)
                 assert not arr.any(), f"wgmma {cfg}: arrival counters left {arr}"
                 if not epi:
                     e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
@@ -376,8 +363,7 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K, ws):
                     f"N={N} K={K} wgmma {cfg} epi={epi} R={R}: bits differ"
                 tried += 1
     assert tried
-    kind = "wgmma_ws_q4" if ws else "wgmma_q4"
-    print(f"{kind} N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+    print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
 
 
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256)])
