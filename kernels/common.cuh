@@ -57,8 +57,31 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// 16-byte global load through the read-only path.
-__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// 16 bytes written by an earlier kernel of the step (activations), a coherent load that stays
+// after pdl_wait: under programmatic dependent launch that kernel may still be running when this
+// one starts, and an __ldg (ld.global.nc, an invariant load to the compiler) may be hoisted above
+// griddepcontrol.wait. That happened in wgmma_q4: the 64-row program failed `check` with PDL on
+// and passed with QWEN38_PDL=0 (bench/NOTES.md, version 4).
+__device__ __forceinline__ uint4 ld_after_wait16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// 16-byte global load through the read-only path, in an asm volatile with a memory clobber so
+// that the compiler keeps it after pdl_wait (the data may come from the previous kernel; see
+// ld_after_wait16).
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
 
 }  // namespace q38
 

@@ -97,8 +97,9 @@ template <>
 struct LogitVec<float> {
   static constexpr int n = 4;
   static __device__ __forceinline__ void load(const float* p, float (&f)[4]) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    const uint4 v = ldg16(p);
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
   }
 };
 

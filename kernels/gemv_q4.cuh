@@ -195,15 +195,16 @@ struct GemvWarp {
     }
   }
 
-  // Activations: 16 contiguous bf16 per k-tile per n-tile (FORMAT.md's column permutation).
+  // Activations: 16 contiguous bf16 per k-tile per n-tile (FORMAT.md's column permutation),
+  // written by the previous kernel: coherent loads kept after pdl_wait (ld_after_wait16).
   __device__ __forceinline__ void load_x(int s, int gi) {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4* p = reinterpret_cast<const uint4*>(xrow[j] + (2 * gi + h) * 64);
-        xv[s][j][h][0] = __ldg(p);
-        xv[s][j][h][1] = __ldg(p + 1);
+        xv[s][j][h][0] = ld_after_wait16(p);
+        xv[s][j][h][1] = ld_after_wait16(p + 1);
       }
   }
 

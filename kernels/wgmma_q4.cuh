@@ -126,19 +126,6 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 }
 // Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// 16 bytes of activations, a coherent load that stays after pdl_wait: the previous kernel writes
-// them while this one starts under programmatic dependent launch, and an __ldg (ld.global.nc, an
-// invariant load to the compiler) may be hoisted above griddepcontrol.wait. That happened here:
-// the 64-row program failed `check` with PDL on and passed with QWEN38_PDL=0.
-__device__ __forceinline__ uint4 ld_after_wait16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
