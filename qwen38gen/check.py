@@ -130,6 +130,34 @@ def update_golden(cfg: ModelConfig | None = None,
     return out, path
 
 
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    """|a - b| / |b| (Frobenius norms, fp64), inf when the shapes differ."""
+    if a.shape != b.shape:
+        return float("inf")
+    a = (a if a.dtype == np.float64 else a.astype(np.float32)).astype(np.float64)  # bf16 via fp32
+    b = b.astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dict[str, float]:
+    """One sequence's final state in the program's buffers (``bufs``: rec, conv, kc, vc and pos
+    as Runtime.get returns them, the sequence in row ``slot``) against the reference State ``st``
+    (row ``b``): the worst relative error over the layers, for the recurrent state, the conv ring
+    (the reference's last K-1 rows laid out as the kernel's ring, reference.conv_to_ring) and the
+    K and V caches up to the sequence's position."""
+    from .reference import conv_to_ring
+
+    pos = int(bufs["pos"][slot])
+    gdn = list(enumerate(cfg.linear_layers))
+    attn = list(enumerate(cfg.full_layers))
+    return {
+        "rec": max(_rel(bufs["rec"][j, slot], st.rec[L][b]) for j, L in gdn),
+        "conv": max(_rel(bufs["conv"][j, slot], conv_to_ring(st.conv[L][b], pos)) for j, L in gdn),
+        "k": max(_rel(bufs["kc"][j, slot][:, :pos], st.k[L][b]) for j, L in attn),
+        "v": max(_rel(bufs["vc"][j, slot][:, :pos], st.v[L][b]) for j, L in attn),
+    }
+
+
 def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
     """The batched program on the golden streams: tokens and top-k against the golden file,
     final states against the reference."""
@@ -161,19 +189,8 @@ def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outc
         ok = rep.ok and (bit if same_path else True)
         # Final state of this slot against the reference (same token stream).
         sb, slot = states[i // B], i % B
-        errs = []
-        for j, layer in enumerate(cfg.linear_layers):
-            a = sb["rec"][j, slot].astype(np.float64)
-            b = st.rec[layer][0].astype(np.float64)
-            errs.append(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
         pos = int(sb["pos"][slot])
-        kv = []
-        for j, layer in enumerate(cfg.full_layers):
-            a = sb["kc"][j, slot][:, :pos].astype(np.float32).astype(np.float64)
-            b = st.k[layer][0].astype(np.float64)
-            kv.append(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-                      if a.shape == b.shape else float("inf"))
-        state_err = max(errs + kv)
+        state_err = max(state_errors(cfg, sb, slot, st).values())
         ok &= state_err <= G.tol("state_rel") and pos == len(s["prompt"]) + g.steps - 1
         out.ok &= ok
         out.rows.append([str(i), str(gi), str(len(s["prompt"])),

@@ -40,7 +40,8 @@ TOLERANCES = {
                         "run of these weights is up to 0.15 off the reference over 20 steps"),
     "argmax_margin": (0.5, "the argmax must agree wherever the reference's top-2 margin exceeds "
                            "twice the logit tolerance"),
-    "state_rel": (6e-2, "fp32 recurrent state and bf16 K cache fed by bf16 activations, relative "
+    "state_rel": (6e-2, "fp32 recurrent state, bf16 conv ring and K/V caches fed by bf16 "
+                        "activations, relative "
                         "Frobenius error; HF's bf16 run of these weights reaches 2.6e-2 after "
                         "134 tokens"),
 }

@@ -8,7 +8,7 @@ the hand-off to decode. (It found the o-buffer stride bug that only shows with m
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors
+from qwen38gen.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
@@ -59,3 +59,13 @@ def test_schedule_matches_reference(setup, B, pt):
         want, _ = ref.decode(st, nxt)
         assert np.abs(got - want).max() < TOL, f"decode step {step}"
         nxt = [int(i) for i in np.argmax(want, axis=-1)]
+    # The final state, as `check` compares it on the GPU: recurrent state, conv ring, K, V.
+    bufs = {n: emu.get(n) for n in ("rec", "conv", "kc", "vc", "pos")}
+    for b in range(B):
+        errs = state_errors(cfg, bufs, b, st, b)
+        assert max(errs.values()) < TOL, f"final state of sequence {b}: {errs}"
+    # ... and the comparison sees a wrong ring slot and a wrong V entry.
+    bufs["conv"][0, 0] = np.roll(bufs["conv"][0, 0], 1, axis=0)
+    bufs["vc"][0, 0, 0, 0, 0] += 1.0
+    errs = state_errors(cfg, bufs, 0, st, 0)
+    assert errs["conv"] > 1e-3 and errs["v"] > 1e-6, errs
