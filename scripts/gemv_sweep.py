@@ -30,6 +30,7 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
 # XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0)]),
     8: (64, [("b", 1, 2, 0, 0), ("g", 2, 4, 3, 1, 1), ("g", 1, 8, 3, 8, 2), ("w", 2, 1, 4, 1, 1),
              ("w", 2, 1, 4, 1, 2), ("w", 2, 1, 4, 2, 2), ("w", 3, 1, 4, 1, 1), ("w", 2, 1, 3, 4, 2),
              ("w", 1, 1, 4, 2, 3), ("w", 2, 2, 4, 1, 1)]),
@@ -231,7 +232,7 @@ def run(cubin: str, reps: int = 20):
     return results
 
 
-PROFILE = [("gdn.in", 8, ("w", 2, 1, 4, 1, 1)), ("gdn.in", 8, ("g", 2, 4, 3, 1, 1))]
+PROFILE = [("gate_up", 2, ("b", 2, 2, 0, 0))]
 
 
 def profile(cubin: str):
