@@ -83,6 +83,20 @@ __device__ __forceinline__ uint4 ldg16(const void* p) {
   return v;
 }
 
+// cp.async: 16 bytes global -> shared, bypassing L1 (the weights, streamed once, and
+// data read once per launch).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+// The same with a shared-memory address (as __cvta_generic_to_shared gives it).
+__device__ __forceinline__ void cp_async16_s(unsigned smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 }  // namespace q38
 
 namespace q38 {

@@ -58,18 +58,23 @@
 // the bandwidth at B = 64, NS = 1 on an H200.) The NS slices of one v-head form a cluster of NS blocks:
 // the gated norm's Σo² over the head's DV columns is summed through distributed shared memory.
 // Each block recomputes κ's conv and l2 norms (2·DK channels: cheap next to its DK·DV/NS·8 bytes
-// of state traffic). The state, pos and ntok loads are issued first, then `griddepcontrol.wait`
-// (a no-op unless the launch uses programmatic dependent launch), then everything else.
+// of state traffic). Everything that no earlier kernel of the step writes is requested before
+// `griddepcontrol.wait` (a no-op unless the launch uses programmatic dependent launch): the
+// state into registers; pos and ntok; then by cp.async into shared memory the conv weights, the
+// ring slots of the K-1 positions before this token and norm_w; the gate constants. After the
+// wait only mz and ba remain to be read, so under PDL one L2 round trip separates the previous
+// kernel's end from the conv (the conv and gates' chain of loads was the block's critical path:
+// ncu, bench/NOTES.md version 6).
 //
 // Launch (GdnLaunch below holds the same numbers as constexpr):
 //   grid  = B · HV · NS blocks (1-D), cluster = NS blocks along x (compile-time
 //           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
 //   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
 //           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
-//   dynamic smem = smem_bytes = 16·RS·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 32·DV/NS) bytes,
-//           groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
+//   dynamic smem = smem_bytes = 16·(RS + 2K − 1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 33·DV/NS)
+//           bytes, groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
-//           (DK = DV = 128, NS = 2: 10112 + 1816·PT bytes; PT = 1: 12 KB, 16: 39 KB, 64: 126 KB)
+//           (DK = DV = 128, K = 4, NS = 1: 24576 + 2584·PT bytes; PT = 1: 27 KB, 16: 66 KB)
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
 //   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
 //   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
@@ -115,12 +120,15 @@ struct GdnLaunch {
   static constexpr int groups = 2 * DK / 8 + cols / 8;  // 8-channel conv groups per block
   // dynamic shared memory, in floats (every array a multiple of 4 floats: float4 access)
   static constexpr int off_m = 0;                       // uint4 [RS][groups] raw m of the last RS tokens
-  static constexpr int off_q = off_m + 4 * RS * groups; // [PT][DK]  silu(conv) of κ's q
+  static constexpr int off_w = off_m + 4 * RS * groups; // uint4 [groups][K] conv weights (8 channels × K taps)
+  static constexpr int off_rt = off_w + 4 * groups * K; // uint4 [groups][K-1] ring taps: positions p0-K+1 … p0-1
+  static constexpr int off_q = off_rt + 4 * groups * KC;  // [PT][DK]  silu(conv) of κ's q
   static constexpr int off_k = off_q + PT * DK;         // [PT][DK]  ... of κ's k
   static constexpr int off_v = off_k + PT * DK;         // [PT][cols] v_j (bf16-exact)
   static constexpr int off_o = off_v + PT * cols;       // [PT][cols] o_j (bf16-exact)
   static constexpr int off_z = off_o + PT * cols;       // [PT][cols] z_j
-  static constexpr int off_red = off_z + PT * cols;     // [2 parity][u | o][rgroups][cols] partial sums
+  static constexpr int off_nw = off_z + PT * cols;      // [cols] norm_w of this block's columns
+  static constexpr int off_red = off_nw + cols;         // [2 parity][u | o][rgroups][cols] partial sums
   static constexpr int off_dec = off_red + 4 * rgroups * cols;  // [PT] e^g
   static constexpr int off_beta = off_dec + PT;         // [PT] β
   static constexpr int off_iq = off_beta + PT;          // [PT] 1/(‖q‖·√DK)
@@ -135,17 +143,19 @@ struct GdnLaunch {
 namespace gdn_detail {
 
 // Causal conv + SiLU of 8 channels [ch, ch+8) for token t of the sequence (position p0 + t):
-// y -> dst[0..8). Each tap is its own 16-byte load (a row of this launch, a ring slot, or 0 for a
-// position < 0), so all of a block's (channel group, token) tasks have their loads in flight at once.
+// y -> dst[0..8). The taps of positions before p0 come from rt (shared memory: the ring slots of
+// positions p0-K+1 … p0-1, copied before the wait), 0 for a position < 0; the others are rows of
+// this launch, each its own 16-byte load, so all of a block's (channel group, token) tasks have
+// their loads in flight at once. w: the K uint4 of the 8 channels' conv weights (shared memory).
 // Returns the raw m of the current token (for the ring).
-template <int K, int C, int RS>
+template <int K>
 __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, size_t row0,
-                                       const bf16* __restrict__ conv_w, const bf16* ring_b, int p0,
-                                       int t, int ch, float* dst) {
+                                       const uint4* w8, const uint4* rt, int p0, int t, int ch,
+                                       float* dst) {
   constexpr int KC = K - 1;
   float w[K][8];  // flat index c·K + j = channel ch+c, tap j (the 8 channels' taps are contiguous)
 #pragma unroll
-  for (int i = 0; i < K; ++i) unpack_bf16x8(ldg16(conv_w + (size_t)ch * K + 8 * i), w[i]);
+  for (int i = 0; i < K; ++i) unpack_bf16x8(w8[i], w[i]);
   const uint4 cur = ldg16(mz + (row0 + t) * (size_t)ld_mz + ch);
   float x[K][8];  // x[j] = raw m of position p0 + t − KC + j; x[KC] is the current token
   unpack_bf16x8(cur, x[KC]);
@@ -155,8 +165,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
     if (tt >= 0) {
       unpack_bf16x8(ldg16(mz + (row0 + tt) * (size_t)ld_mz + ch), x[j]);
     } else if (P >= 0) {
-      // plain load, not ld.global.nc: the ring is written later in this kernel
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(ring_b + (size_t)(P % RS) * C + ch), x[j]);
+      unpack_bf16x8(rt[t + j], x[j]);  // position p0 - KC + (t + j)
     } else {
 #pragma unroll
       for (int c = 0; c < 8; ++c) x[j][c] = 0.f;
@@ -199,7 +208,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
   constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
   constexpr int CGR = L::cgroups, RGR = L::rgroups, RW = L::rows;
-  constexpr int C = L::C, CV = L::Cv;
+  constexpr int C = L::C, CV = L::Cv, KC = L::KC;
   constexpr int GQ = DK / 8, GV = COLS / 8;  // 8-channel groups: per q (or k) head, per v slice
   constexpr int NG = L::groups;              // = 2·GQ + GV
 
@@ -248,13 +257,53 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // pos and ntok were last written at the end of the previous step: read under the same rule.
   const int nt = min(max(ntok[b], 0), PT);
   const int p0 = pos[b];
+  // Conv channel of 8-channel group g: κ's q (g < GQ), κ's k, then this block's v channels.
+  auto chan = [&](int g) {
+    return g < GQ       ? kh * DK + 8 * g
+           : g < 2 * GQ ? HK * DK + kh * DK + 8 * (g - GQ)
+                        : 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ);
+  };
+  // Everything else that no earlier kernel of the step writes goes to shared memory by cp.async
+  // before the wait too, so that after it only mz and ba (the previous kernel's output) are
+  // read: each group's conv weights, the ring slots of the KC positions before p0 (written by
+  // this layer's launch of the previous step, read before anyone of this launch writes them:
+  // the ring_arrivals rule below), norm_w of this block's columns. The gates' constants go to
+  // the gate threads' registers.
+  {
+    uint4* const sw8 = reinterpret_cast<uint4*>(sm + L::off_w);
+    uint4* const srt = reinterpret_cast<uint4*>(sm + L::off_rt);
+    for (int idx = tid; idx < NG * (K + KC); idx += NT) {
+      const int g = idx % NG, j = idx / NG;  // j < K: weight vector j of group g; else ring tap j-K
+      const int ch = chan(g);
+      if (j < K) {
+        cp_async16(sw8 + g * K + j, conv_w + (size_t)ch * K + 8 * j);
+      } else if (p0 - KC + (j - K) >= 0) {
+        cp_async16(srt + g * KC + (j - K), ring_b + (size_t)((p0 - KC + (j - K)) % RS) * C + ch);
+      }
+    }
+    for (int i = tid; i < COLS / 4; i += NT) cp_async16(sm + L::off_nw + 4 * i, norm_w + c0 + 4 * i);
+    cp_async_commit();
+  }
+  // Gates: thread NT-1-t computes token t's (threads without conv work at PT = 1).
+  const bool gate = NT - 1 - tid < nt;
+  const float alog = gate ? A_log[h] : 0.f, dtb = gate ? to_f(dt_bias[h]) : 0.f;
   // Wait for the producers of mz and ba (no-op unless launched with programmatic stream
-  // serialization).
+  // serialization), then for the copies above.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  cp_async_wait<0>();
+  __syncthreads();
 
-  // 1. conv + SiLU of κ's q and k channels and this block's v channels (reads the ring), one
-  // task per (8-channel group, token), groups fastest (coalesced rows); the raw m of the last KC
-  // tokens (RS of them) is kept for the ring write; z of this block's columns is fetched alongside.
+  // 1. conv + SiLU of κ's q and k channels and this block's v channels, one task per (8-channel
+  // group, token), groups fastest (coalesced rows); the raw m of the last KC tokens (RS of them)
+  // is kept for the ring write; z of this block's columns is fetched alongside.
+  // Gates, fp32: g = −exp(A_log)·softplus(a + dt_bias), kept as the decay e^g; β = σ(b).
+  for (int t = NT - 1 - tid; t < nt; t += NT) {
+    const bf16* bar = ba + (row0 + t) * (size_t)ld_ba;
+    const float x = to_f(bar[ba_off + h]) + dtb;
+    const float sp = x > 20.f ? x : log1pf(expf(x));
+    sdec[t] = expf(-expf(alog) * sp);
+    sbeta[t] = 1.f / (1.f + expf(-to_f(bar[h])));
+  }
   for (int idx = tid; idx < (NG + GV) * nt; idx += NT) {
     const int g = idx % (NG + GV), t = idx / (NG + GV);
     if (g >= NG) {  // z_j, 8 columns
@@ -266,25 +315,13 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
       d[1] = make_float4(z[4], z[5], z[6], z[7]);
       continue;
     }
-    int ch;
-    float* dst;
-    if (g < GQ) {
-      ch = kh * DK + 8 * g, dst = sq + t * DK + 8 * g;
-    } else if (g < 2 * GQ) {
-      ch = HK * DK + kh * DK + 8 * (g - GQ), dst = sk + t * DK + 8 * (g - GQ);
-    } else {
-      ch = 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ), dst = sv + t * COLS + 8 * (g - 2 * GQ);
-    }
-    const uint4 m = gdn_detail::conv8<K, C, RS>(mz, ld_mz, row0, conv_w, ring_b, p0, t, ch, dst);
+    float* const dst = g < GQ       ? sq + t * DK + 8 * g
+                       : g < 2 * GQ ? sk + t * DK + 8 * (g - GQ)
+                                    : sv + t * COLS + 8 * (g - 2 * GQ);
+    const uint4 m = gdn_detail::conv8<K>(mz, ld_mz, row0, reinterpret_cast<const uint4*>(sm + L::off_w) + g * K,
+                                         reinterpret_cast<const uint4*>(sm + L::off_rt) + g * KC, p0,
+                                         t, chan(g), dst);
     if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
-  }
-  // Gates, fp32: g = −exp(A_log)·softplus(a + dt_bias), kept as the decay e^g; β = σ(b).
-  for (int t = tid; t < nt; t += NT) {
-    const bf16* bar = ba + (row0 + t) * (size_t)ld_ba;
-    const float x = to_f(bar[ba_off + h]) + to_f(dt_bias[h]);
-    const float sp = x > 20.f ? x : log1pf(expf(x));
-    sdec[t] = expf(-expf(A_log[h]) * sp);
-    sbeta[t] = 1.f / (1.f + expf(-to_f(bar[h])));
   }
   __syncthreads();
   // This block has read the ring. The last of the HV/HK·NS blocks of (b, κ) to get here writes
@@ -415,10 +452,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   for (int idx = tid; idx < NG * RS; idx += NT) {
     const int g = idx % NG, t = nt - RS + idx / NG;
     if (t < 0 || (g < 2 * GQ && !last)) continue;
-    const int ch = g < GQ       ? kh * DK + 8 * g
-                   : g < 2 * GQ ? HK * DK + kh * DK + 8 * (g - GQ)
-                                : 2 * HK * DK + h * DV + c0 + 8 * (g - 2 * GQ);
-    *reinterpret_cast<uint4*>(ring + ((size_t)b * RS + (p0 + t) % RS) * C + ch) =
+    *reinterpret_cast<uint4*>(ring + ((size_t)b * RS + (p0 + t) % RS) * C + chan(g)) =
         sm_m[(t - nt + RS) * NG + g];
   }
 
@@ -443,7 +477,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     const int t = idx / COLS, c = idx % COLS;
     const int col = h * DV + c0 + c;
     float y = 0.f;
-    if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * norm_w[c0 + c] * siluf_(sz[t * COLS + c]);
+    if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * sm[L::off_nw + c] * siluf_(sz[t * COLS + c]);
     out[(row0 + t) * (size_t)CV + col] = to_bf(y);
   }
   if constexpr (NS > 1) coop::this_cluster().barrier_wait();

@@ -381,7 +381,8 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
     cols = dv // GDN_NS
     threads = cdiv((cols // 4) * 8, 32) * 32
     groups = 2 * dk // 8 + cols // 8
-    floats = 4 * rs * groups + pt * (2 * dk + 3 * cols) + 4 * 8 * cols + 6 * pt
+    floats = (4 * rs * groups + 4 * groups * (2 * k - 1) + pt * (2 * dk + 3 * cols) + cols
+              + 4 * 8 * cols + 6 * pt)
     return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
             "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS}
 

@@ -74,7 +74,7 @@ def launch_py(g: Geom, pt: int, ns: int) -> dict:
     cols = g.dv // ns
     threads = -(-(8 * cols // 4) // 32) * 32          # 8 row groups × float4 column groups
     groups = (2 * g.dk + cols) // 8
-    smem = 16 * (K - 1) * groups + 4 * (pt * (2 * g.dk + 3 * cols + 6) + 32 * cols)
+    smem = 16 * (K - 1) * groups + 16 * (2 * K - 1) * groups + 4 * (pt * (2 * g.dk + 3 * cols + 6) + 33 * cols)
     return {"threads": threads, "cluster": ns, "smem": smem,
             "blocks_per_seq": g.hv * ns, "min_blocks": max(1, 512 // threads)}
 
