@@ -358,4 +358,71 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
   }
 }
 
+// gemv_q4 with persistent blocks: block x owns row blocks x, x + gridDim.x, … (MT m-tiles each)
+// of its batch tile, and each warp streams the groups of its part of K over all of them as one
+// sequence, ST-1 groups ahead across the row-block boundaries, so a warp never drains its
+// pipeline between row blocks and no block pays a start-up per row block. After each row block
+// the KS partial sums meet in shared memory (double-buffered: one barrier per row block) and
+// are added in gemv_q4's order, so a row's result is gemv_q4's bit for bit, for any grid.x.
+// Launch: grid = (any GX >= 1, ceil(R / (8*NT))), block 32*KS; register stages only (AS = 0).
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0>
+__device__ __forceinline__ void gemv_q4_persistent(const uint4* __restrict__ qweight,
+                                                   const bf16* __restrict__ scales,
+                                                   const bf16* __restrict__ x, int ldx, bf16* y,
+                                                   int ldy, int N, int R) {
+  static_assert(KS > 1, "gemv_q4_persistent: the parts of K meet in shared memory");
+  using Wp = GemvWarp<K, MT, NT, ST, XS, 0>;
+  constexpr int NG = Wp::NG, V = Wp::V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r0 = blockIdx.y * (8 * NT);
+  const int nrb = N / (16 * MT);  // row blocks (gemv_q4's grid.x)
+  const int mine = blockIdx.x < nrb ? (nrb - 1 - blockIdx.x) / gridDim.x + 1 : 0;  // row blocks of this block
+  const int gb = (warp * NG) / KS, ng = ((warp + 1) * NG) / KS - gb;  // this warp's groups
+  const int total = mine * ng;  // items of this warp's stream: (row block i, group gb + j)
+  Wp wp(qweight, scales, x, ldx, r0, R);
+  __shared__ float red[2][KS][V][32];
+  // Item q -> m-tile base and group of it.
+  auto rt_of = [&](int q) { return (blockIdx.x + (q / ng) * gridDim.x) * MT; };
+  auto gi_of = [&](int q) { return gb + q % ng; };
+
+  pdl_launch_dependents();
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s)
+    if (s < total) wp.load_w(s, rt_of(s), gi_of(s));  // weights: before the wait
+  pdl_wait();
+  if constexpr (XS) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s)
+      if (s < total) wp.load_x(s, gi_of(s));
+  }
+#pragma unroll 1
+  for (int q0 = 0; q0 < total; q0 += ST) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      const int q = q0 + s;
+      if (q < total) {
+        if (q + ST - 1 < total) wp.load((s + ST - 1) % ST, rt_of(q + ST - 1), gi_of(q + ST - 1));
+        wp.compute(s, s, gi_of(q));
+        if (q % ng == ng - 1) {  // the row block's last group: reduce, store, start the next
+          const int i = q / ng, rt0 = rt_of(q);
+          float(&rb)[KS][V][32] = red[i & 1];
+#pragma unroll
+          for (int v = 0; v < V; ++v) rb[warp][v][lane] = wp.value(v);
+          __syncthreads();
+#pragma unroll 1
+          for (int v = warp; v < V; v += KS) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < KS; ++w) sum += rb[w][v][lane];
+            int n, r;
+            gemv_out_index(v, NT, lane, rt0, r0, n, r);
+            gemv_store<EPI>(y, ldy, n, r, N, R, sum);
+          }
+          q4_zero<MT, NT>(wp.acc);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace q38
