@@ -64,6 +64,10 @@ GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("int", "N"), ("int", "R"))
 
 
+# Blocks of gemv_q4 (8 warps, <= 64 registers at MT = 1, NT = 1) that fit an H200 at once.
+GEMV_WAVE = 4 * 132
+
+
 def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     """(MT, ST, XS, AS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
     stages, activations staged in registers, stages in shared memory via cp.async. None of them
@@ -71,8 +75,14 @@ def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     checks the bits), so the choice may follow the shape and the batch tile. From the sweeps of
     scripts/gemv_sweep.py on an H200 (bench/NOTES.md, version 2): deeper register pipelines lose
     everywhere (registers cost occupancy); two m-tiles per warp halve the activation reads and win
-    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%)."""
+    from btg = 16 on the wide shapes; the cp.async ring wins only on the lm_head (+7%). Version 6:
+    where the row blocks fit the GPU in one wave (the down and out projections, 320 of them),
+    occupancy is not the limit and each warp's activation loads are: staged with the weights one
+    group ahead (XS = 1), the down projection at btg 8 took 15.9 against 20.5 us under PDL and out
+    6.8 against 8.6 (bench/2026-12-02-h200-v6-gemv-sweep-persistent.txt)."""
     tiles = rows // 16
+    if btg <= 8 and tiles < GEMV_WAVE:
+        return 1, 2, 1, 0
     if tiles % 2:
         return 1, 2, 0, 0
     if rows >= 65536 and btg <= 16:

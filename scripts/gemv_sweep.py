@@ -26,22 +26,21 @@ from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_fl
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("p", MT, ST, XS, PB) of
-# gemv_q4_persistent (grid.x = min(row blocks, 132·PB)), ("g", MT, WR, ST, ZS, MB) of gemm_q4
-# (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW, XS, ZS, MB)
-# of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
+# NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
+# of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
+# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 3, 0, 0), ("b", 1, 4, 0, 0), ("b", 1, 2, 1, 0),
-            ("b", 1, 3, 1, 0), ("p", 1, 2, 0, 4), ("p", 1, 2, 0, 3), ("p", 1, 3, 0, 3),
-            ("p", 1, 4, 0, 3), ("p", 2, 2, 0, 2), ("p", 2, 3, 0, 2)]),
-    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("p", 2, 2, 0, 2), ("p", 1, 2, 0, 3),
-             ("p", 1, 3, 0, 2), ("p", 2, 3, 0, 1)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 3, 0, 1), ("b", 2, 2, 1, 0),
+            ("b", 1, 3, 1, 1), ("b", 1, 3, 0, 0)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 2, 1, 0),
+             ("b", 1, 3, 0, 0), ("b", 1, 3, 1, 0)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
-# this table is the last one run (the 128-register cap, -v4-wgmma-sweep-mb2.txt). Version 5's
-# experiments (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4: commits 600c8c8 and
-# 3a78b55, bench/NOTES.md) added configs of code that is gone.
+# this table is the last one run (version 6, 1 and 16 rows: activations staged with the weights,
+# -v6-gemv-sweep-xs.txt). The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4, the
+# warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and the one before
+# this comment's; bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
 
 
@@ -50,9 +49,6 @@ def ks_of(k: int) -> int:
 
 
 def name(k, nt, cfg):
-    if cfg[0] == "p":
-        _, mt, st, xs, pb = cfg
-        return f"sw_k{k}_p{mt}_n{nt}_s{st}_x{xs}_b{pb}"
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb = cfg
         return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
@@ -71,8 +67,6 @@ def smem_of(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    if cfg[0] == "p":
-        return 0
     _, mt, st, _, a = cfg
     return gemv_smem(k, mt, st, a)
 
@@ -88,10 +82,7 @@ def shape_of(N, R, nt, k, cfg):
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
         return (gx, gy, zs), (32 * wr, 1, 1), gemm_part_floats(k, mt, nt, wr) * gx * gy
     mt = cfg[1]
-    gx = N // (16 * mt)
-    if cfg[0] == "p":   # persistent: PB blocks per SM of a 132-SM H200 (or fewer row blocks)
-        gx = min(gx, 132 * cfg[4])
-    return (gx, -(-R // (8 * nt)), 1), (32 * ks_of(k), 1, 1), 1
+    return (N // (16 * mt), -(-R // (8 * nt)), 1), (32 * ks_of(k), 1, 1), 1
 
 
 def instances():
@@ -118,9 +109,6 @@ def source() -> str:
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
-        elif cfg[0] == "p":
-            _, mt, st, xs, mb = cfg  # launch bounds for the PB blocks per SM it is sized for
-            threads, call = 32 * ks, f"gemv_q4_persistent<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}>"
         else:
             _, mt, st, xs, a = cfg
             threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}>"
