@@ -97,37 +97,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// Shared-memory accesses of the generic proxy (plain stores, cp.async, loads) ordered before
-// later accesses of the async proxy (the tensor cores' operand reads, bulk copies).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// mbarriers and the bulk copy (cp.async.bulk, no tensor map), on shared-memory addresses as
-// __cvta_generic_to_shared gives them.
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// One arrival that also expects `bytes` more transaction bytes before the phase completes.
-__device__ __forceinline__ void mbar_arrive_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nQ38_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra Q38_MBAR_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing on
-// mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 }  // namespace q38
 
 namespace q38 {

@@ -75,10 +75,6 @@
 //           bytes, groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
 //           (DK = DV = 128, K = 4, NS = 1: 24576 + 2584·PT bytes; PT = 1: 27 KB, 16: 66 KB)
-// gdn_persistent (NS = 1, below) runs the same items on fewer, persistent blocks: grid =
-//   min(B·HV, blocks that fit), an extra nitems = B·HV argument, no cluster, dynamic smem =
-//   pers_smem_bytes (smem_bytes rounded up to 128 bytes + one item's DK·DV fp32 state, the
-//   bulk-copy buffer).
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
 //   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
 //   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
@@ -141,11 +137,6 @@ struct GdnLaunch {
   static constexpr int off_ssq = off_rstd + PT;         // [PT] this block's Σo² (read by the cluster)
   static constexpr int smem_floats = off_ssq + PT;
   static constexpr int smem_bytes = 4 * smem_floats;
-  // gdn_persistent (NS = 1): one item's state, DK·DV fp32, after the arrays above at the next
-  // multiple of 128 bytes (smem_bytes itself is only a multiple of 8: 6·PT floats at the end).
-  static constexpr int state_bytes = 4 * DK * DV;
-  static constexpr int state_offset = (smem_bytes + 127) / 128 * 128;
-  static constexpr int pers_smem_bytes = state_offset + state_bytes;
   static constexpr int blocks_per_seq = HV * NS;
 };
 
@@ -196,24 +187,13 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 
 }  // namespace gdn_detail
 
-namespace gdn_detail {
-
-// The state slot of sequence b (SLOTS = 1: its one state; else slot[b], a null slot meaning 0),
-// as an index into state's [B·SLOTS] states.
-template <int SLOTS>
-__device__ __forceinline__ int state_slot(int b, const int* __restrict__ slot) {
-  return SLOTS == 1 ? b : b * SLOTS + (slot != nullptr ? slot[b] : 0);
-}
-
-// One item = one (sequence b, v-head h, column slice s): the whole layer for it. PERS = 0: the
-// item is blockIdx.x and its state is loaded from global memory here. PERS = 1 (gdn_persistent,
-// NS = 1): the item's state arrives in shared memory (sbuf, mbarrier `bar`, phase `parity`);
-// after the conv the threads take their parts into registers, and once all have, thread 0
-// starts the bulk copy of item `next`'s state (if next >= 0) into sbuf, so it streams while this
-// item computes.
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS, int EACH, int SLOTS,
-          int PERS>
-__device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
+// The kernel body. Entry point (the emitter's / a test's; the cluster attribute is required):
+//   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<...>::threads,
+//                                                 q38::GdnLaunch<...>::min_blocks)
+//   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
+template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
+          int SLOTS = 1>
+__device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
                                           const float* __restrict__ A_log,
@@ -222,11 +202,8 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
                                           bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
                                           float* __restrict__ state, const int* __restrict__ pos,
                                           const int* __restrict__ ntok, bf16* __restrict__ out,
-                                          const int* __restrict__ slot, const int it, const int next,
-                                          const unsigned bar, const unsigned parity,
-                                          const float4* sbuf) {
+                                          const int* __restrict__ slot = nullptr) {
   static_assert(EACH == 0 || EACH == 1, "gdn: EACH is 0 or 1");
-  static_assert(PERS == 0 || NS == 1, "gdn: the persistent kernel runs whole heads (NS = 1)");
   static_assert(SLOTS >= 1 && (EACH == 0 || SLOTS >= PT), "gdn: EACH = 1 needs a slot per row");
   using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
   constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
@@ -251,17 +228,10 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
   float* const srstd = sm + L::off_rstd;
   float* const sssq = sm + L::off_ssq;
 
-  // PERS: tid is read per item (asm volatile), so nothing derived from it is hoisted out of the
-  // item loop (that spilled at the 128-register cap).
-  int tid = threadIdx.x;
-  if constexpr (PERS) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  const int lane = tid & 31, warp = tid >> 5;
-  // (Unsigned, and gdn_chunk's is blockIdx.x itself: at the 128-register cap, signed division
-  // or an index kept live spilled the mtp lane's instances.)
-  const unsigned itx = PERS ? (unsigned)it : blockIdx.x;
-  const int s = itx % NS;
-  const int h = (itx / NS) % HV;
-  const int b = itx / (NS * HV);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int s = blockIdx.x % NS;
+  const int h = (blockIdx.x / NS) % HV;
+  const int b = blockIdx.x / (NS * HV);
   const int kh = h / R;
   const size_t row0 = (size_t)b * PT;
   const int c0 = s * COLS;  // this block's first column inside the head
@@ -275,17 +245,15 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
   // a warp reads 2 (DV/NS = 64) or 1 (DV/NS = 128) fully used 256/512-byte row segments per load.
   const int cg = tid % CGR, rg = tid / CGR;
   const bool act = rg < RGR;  // threads past cgroups·rgroups idle (small toy shapes only)
-  const int sb = state_slot<SLOTS>(b, slot);
+  // State slot read (SLOTS = 1: the sequence's one state; else slot[b], a null slot meaning 0).
+  const int sb = SLOTS == 1 ? b : b * SLOTS + (slot != nullptr ? slot[b] : 0);
   float* const Sp = state + ((size_t)(sb * HV + h) * DK + (act ? rg : 0)) * DV + c0 + 4 * cg;
   // EACH = 1: slot t of this sequence receives the state after token t, at Sp + (t − slot)·HV·DK·DV
   // (same thread, same elements as the ones it read, so overwriting the slot it read is safe).
   const int sl = sb - b * SLOTS;
-  // (PERS: the state is in sbuf already; it is read into registers after the conv, below.)
   float4 S[RW];
-  if constexpr (!PERS) {
 #pragma unroll
-    for (int i = 0; i < RW; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
-  }
+  for (int i = 0; i < RW; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
   // pos and ntok were last written at the end of the previous step: read under the same rule.
   const int nt = min(max(ntok[b], 0), PT);
   const int p0 = pos[b];
@@ -356,12 +324,6 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
     if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
   }
   __syncthreads();
-  if constexpr (PERS) {  // the state into registers (not live through the conv above)
-    mbar_wait(bar, parity);
-    const float4* Ss = sbuf + ((act ? rg : 0) * DV + 4 * cg) / 4;
-#pragma unroll
-    for (int i = 0; i < RW; ++i) S[i] = Ss[i * RGR * DV / 4];
-  }
   // This block has read the ring. The last of the HV/HK·NS blocks of (b, κ) to get here writes
   // κ's q/k ring channels (step 3); it resets the counter, so every launch finds it at 0.
   // (The atomic's answer is first needed after the recurrence, so its round trip overlaps it.)
@@ -386,17 +348,6 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
     }
   }
   __syncthreads();
-  // PERS: every thread holds its part of the state (read before the barrier above): the buffer
-  // takes the next item's state while this one computes.
-  if constexpr (PERS) {
-    if (tid == 0 && next >= 0) {
-      const int nb = next / HV, nh = next % HV;
-      fence_proxy_async();  // (the reads of sbuf are ordered before the copy's writes)
-      mbar_arrive_tx(bar, L::state_bytes);
-      bulk_copy((unsigned)__cvta_generic_to_shared(sbuf),
-                state + (size_t)(state_slot<SLOTS>(nb, slot) * HV + nh) * DK * DV, L::state_bytes, bar);
-    }
-  }
 
   // 2. The delta rule over the chunk, token by token, S in registers. Column sums over the 8 row
   // groups go through shared memory: token t's u partials and token t−1's o partials share one
@@ -530,92 +481,6 @@ __device__ __forceinline__ void item(const bf16* __restrict__ mz, int ld_mz,
     out[(row0 + t) * (size_t)CV + col] = to_bf(y);
   }
   if constexpr (NS > 1) coop::this_cluster().barrier_wait();
-  if constexpr (PERS) __syncthreads();  // the next item reuses the shared arrays
-}
-
-}  // namespace gdn_detail
-
-// The kernel body, one block per item (blockIdx.x = (b·HV + h)·NS + s). Entry point (the
-// emitter's / a test's; the cluster attribute is required):
-//   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<...>::threads,
-//                                                 q38::GdnLaunch<...>::min_blocks)
-//   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
-          int SLOTS = 1>
-__device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
-                                          const bf16* __restrict__ ba, int ld_ba, int ba_off,
-                                          const bf16* __restrict__ conv_w,
-                                          const float* __restrict__ A_log,
-                                          const bf16* __restrict__ dt_bias,
-                                          const float* __restrict__ norm_w, float eps,
-                                          bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
-                                          float* __restrict__ state, const int* __restrict__ pos,
-                                          const int* __restrict__ ntok, bf16* __restrict__ out,
-                                          const int* __restrict__ slot = nullptr) {
-  gdn_detail::item<DK, DV, HK, HV, K, PT, NS, RS, EACH, SLOTS, 0>(
-      mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring, ring_arrivals, state,
-      pos, ntok, out, slot, blockIdx.x, -1, 0u, 0u, nullptr);
-}
-
-// The same layer with whole heads (NS = 1) and persistent blocks: block i runs items i,
-// i + gridDim.x, … < nitems (= B·HV), and while one item computes, the bulk copy of its next
-// item's state (64 KiB at DK = DV = 128) streams into shared memory, so each block keeps a state
-// read in flight through the conv, the recurrence and the writes of the item before. The
-// arithmetic is gdn_chunk's: the same bits for any grid. Launch: grid = (min(nitems, blocks
-// that fit), 1, 1), no cluster, block GdnLaunch::threads, dynamic smem GdnLaunch::pers_smem_bytes.
-template <int DK, int DV, int HK, int HV, int K, int PT, int RS = K - 1, int EACH = 0, int SLOTS = 1>
-__device__ __forceinline__ void gdn_persistent(const bf16* __restrict__ mz, int ld_mz,
-                                               const bf16* __restrict__ ba, int ld_ba, int ba_off,
-                                               const bf16* __restrict__ conv_w,
-                                               const float* __restrict__ A_log,
-                                               const bf16* __restrict__ dt_bias,
-                                               const float* __restrict__ norm_w, float eps,
-                                               bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
-                                               float* __restrict__ state, const int* __restrict__ pos,
-                                               const int* __restrict__ ntok, bf16* __restrict__ out,
-                                               const int* __restrict__ slot, int nitems) {
-  using L = GdnLaunch<DK, DV, HK, HV, K, PT, 1, RS>;
-  extern __shared__ float4 smem4[];
-  const float4* sbuf = smem4 + L::state_offset / 16;
-  __shared__ alignas(8) unsigned long long full;  // the state buffer has landed (tx-counted)
-  const unsigned bar = (unsigned)__cvta_generic_to_shared(&full);
-  int it = blockIdx.x;
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    if (it < nitems) {  // the state is constant to every earlier kernel of the step: before pdl_wait
-      mbar_arrive_tx(bar, L::state_bytes);
-      bulk_copy((unsigned)__cvta_generic_to_shared(sbuf),
-                state + (size_t)(gdn_detail::state_slot<SLOTS>(it / HV, slot) * HV + it % HV) * DK * DV,
-                L::state_bytes, bar);
-    }
-  }
-  __syncthreads();  // the barrier is initialised before anyone waits on it
-  // (Only `it` stays live across an item: the parity is recomputed from it, so the loop costs
-  // the body no registers; a counter spilled at 128.)
-#pragma unroll 1
-  for (; it < nitems; it += gridDim.x) {
-    const int next = it + (int)gridDim.x < nitems ? it + (int)gridDim.x : -1;
-    gdn_detail::item<DK, DV, HK, HV, K, PT, 1, RS, EACH, SLOTS, 1>(
-        mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring, ring_arrivals,
-        state, pos, ntok, out, slot, it, next, bar, ((unsigned)(it - blockIdx.x) / gridDim.x) & 1,
-        sbuf);
-  }
-}
-// Without the mtp lane's slot argument.
-template <int DK, int DV, int HK, int HV, int K, int PT, int RS = K - 1>
-__device__ __forceinline__ void gdn_persistent(const bf16* __restrict__ mz, int ld_mz,
-                                               const bf16* __restrict__ ba, int ld_ba, int ba_off,
-                                               const bf16* __restrict__ conv_w,
-                                               const float* __restrict__ A_log,
-                                               const bf16* __restrict__ dt_bias,
-                                               const float* __restrict__ norm_w, float eps,
-                                               bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
-                                               float* __restrict__ state, const int* __restrict__ pos,
-                                               const int* __restrict__ ntok, bf16* __restrict__ out,
-                                               int nitems) {
-  gdn_persistent<DK, DV, HK, HV, K, PT, RS, 0, 1>(mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log,
-                                                  dt_bias, norm_w, eps, ring, ring_arrivals, state,
-                                                  pos, ntok, out, nullptr, nitems);
 }
 
 }  // namespace q38
@@ -657,18 +522,4 @@ Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)
 Q38_GDN_SELFCHECK_MTP(gdn_27b_verify_k1, 128, 128, 16, 48, 4, 2, 1, 4, 1, 2)
 Q38_GDN_SELFCHECK_MTP(gdn_27b_verify_k4, 128, 128, 16, 48, 4, 5, 1, 7, 1, 5)
 Q38_GDN_SELFCHECK_MTP(gdn_27b_pt16_mtp2, 128, 128, 16, 48, 4, 16, 1, 5, 0, 3)
-// persistent instances
-#define Q38_GDN_SELFCHECK_PERS(name, DK, DV, HK, HV, K, PT)                                       \
-  extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, 1>::threads,     \
-                                               q38::GdnLaunch<DK, DV, HK, HV, K, PT, 1>::min_blocks)  \
-      name(const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off,         \
-           const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias,             \
-           const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals, float* state, \
-           const int* pos, const int* ntok, q38::bf16* out, int nitems) {                     \
-    q38::gdn_persistent<DK, DV, HK, HV, K, PT>(mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log,     \
-                                               dt_bias, norm_w, eps, ring, ring_arrivals, state, \
-                                               pos, ntok, out, nitems);                         \
-  }
-Q38_GDN_SELFCHECK_PERS(gdn_27b_pt1_pers, 128, 128, 16, 48, 4, 1)
-Q38_GDN_SELFCHECK_PERS(gdn_toy_pt4_pers, 16, 24, 2, 6, 4, 4)
 #endif

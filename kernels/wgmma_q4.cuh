@@ -124,6 +124,8 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
+// Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups

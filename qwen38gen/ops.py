@@ -394,31 +394,14 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
     floats = (4 * rs * groups + 4 * groups * (2 * k - 1) + pt * (2 * dk + 3 * cols) + cols
               + 4 * 8 * cols + 6 * pt)
     return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
-            "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS,
-            "pers_smem": cdiv(4 * floats, 128) * 128 + 4 * dk * dv}
-
-
-# gdn_persistent (kernels/gdn.cuh): whole heads, GDN_PERS_BLOCKS blocks looping over the B·HV
-# (sequence, v-head) items, each item's state bulk-copied into shared memory while the item before
-# computes. Same bits as gdn_chunk at NS = 1, so the choice may follow B. Two blocks of 256
-# threads fit an SM (128 registers each, 2 × 76 KiB of shared memory at PT = 1).
-GDN_PERS_BLOCKS = 2 * GEMM_SMS
-
-
-def gdn_persistent(cfg: ModelConfig, B: int, pt: int, rs: int | None = None) -> bool:
-    """Whether the GDN launch of B sequences runs persistent: when the items outnumber the blocks
-    (more than one round, so there is a next state to prefetch) and two blocks still fit an SM."""
-    L = gdn_launch(cfg, pt, rs)
-    return (GDN_NS == 1 and B * cfg.linear_num_value_heads > GDN_PERS_BLOCKS
-            and 2 * L["pers_smem"] <= 227 * 1024)
+            "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS}
 
 
 def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
-              slots: int = 1, pers: bool = False) -> Entry:
+              slots: int = 1) -> Entry:
     """rs=None: the plain program's instance (ring K − 1, one state, no slot argument). Else the
     mtp lane's: ring rs slots, `slots` states per sequence picked by a `slot` argument, and
-    each=1 writing the state after every token into its own slot (the verify pass). pers: the
-    persistent kernel (gdn_persistent), with a trailing `nitems` argument (B·HV)."""
+    each=1 writing the state after every token into its own slot (the verify pass)."""
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
@@ -435,23 +418,14 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
         name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
         call = f"q38::gdn_chunk<{ltargs}, {each}, {slots}>"
         params += ((I32, "slot"),)
-    smem, cluster = L["smem"], L["cluster"]
-    asserts = (f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
-               f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
-               f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
-               f"q38::GdnLaunch<{ltargs}>::min_blocks == {L['min_blocks']}")
-    if pers:
-        assert GDN_NS == 1, "gdn_persistent runs whole heads"
-        pargs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}" + ("" if rs is None else f", {rs}, {each}, {slots}")
-        name, call = name + "_pers", f"q38::gdn_persistent<{pargs}>"
-        params += (("int", "nitems"),)
-        smem, cluster = L["pers_smem"], 1
-        asserts += (f"q38::GdnLaunch<{ltargs}>::pers_smem_bytes == {smem}",)
     return Entry(
         name, call, params,
-        L["threads"], smem=smem, cluster=cluster, min_blocks=L["min_blocks"],
+        L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
         waits=True,  # gdn_chunk loads state/pos/ntok/slot, then griddepcontrol.wait
-        asserts=asserts)
+        asserts=(f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
+                 f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
+                 f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
+                 f"q38::GdnLaunch<{ltargs}>::min_blocks == {L['min_blocks']}"))
 
 
 def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
@@ -754,15 +728,13 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             s.append(gemv(f"L{i}.in", "h", "proj", n_in, R, 0))
             if i in lg:
                 la_ = p + "linear_attn."
-                rs = RS if K else None
-                pers = gdn_persistent(cfg, B, pt, rs)
                 if K:
-                    g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS, pers))
+                    g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS))
+                    L = gdn_launch(cfg, pt, RS)
                 else:
-                    g = plan.entry(gdn_entry(cfg, pt, pers=pers))
-                L = gdn_launch(cfg, pt, rs)
-                items = B * L["blocks_per_seq"]
-                s.append({"k": g.name, "grid": [min(items, GDN_PERS_BLOCKS) if pers else items, 1, 1],
+                    g = plan.entry(gdn_entry(cfg, pt))
+                    L = gdn_launch(cfg, pt)
+                s.append({"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                           "args": [buf("proj"), ["i32", n_in], buf("proj", C + Cv), ["i32", n_in],
                                    ["i32", ba_off], ["t", la_ + "conv1d.weight"],
                                    ["t", la_ + "A_log"], ["t", la_ + "dt_bias"],
@@ -771,7 +743,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                                    buf("ring_arrivals"),
                                    buf("rec", lg[i] * B * SLOTS * hv * dkv),
                                    buf("pos"), buf("ntok"), buf("o")]
-                          + ([buf("slot")] if K else []) + ([["i32", items]] if pers else [])})
+                          + ([buf("slot")] if K else [])})
             else:
                 sa = p + "self_attn."
                 s += attention(pt, R, sa, buf("kc", 0, la[i] * kv_layer),

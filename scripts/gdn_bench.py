@@ -1,15 +1,13 @@
-"""Time the 27B decode step's GDN launch alone: gdn_chunk (one block per (sequence, v-head)) against
-gdn_persistent (GDN_PERS_BLOCKS blocks looping over the items, the next state bulk-copied while
-one computes), at several B, from the program's own entry points (ops.gdn_entry).
+"""Time the 27B decode step's GDN launch alone (the program's own entry point, ops.gdn_entry) at
+several B. Version 6 used it to compare a persistent variant (commit f3a5102, bench/NOTES.md).
 
-  python3 scripts/gdn_bench.py build OUT.cubin          # CPU machine: nvcc both entries
-  python3 scripts/gdn_bench.py run OUT.cubin [B ...]    # GPU machine: µs per launch, both ways
-  python3 scripts/gdn_bench.py profile OUT.cubin B      # one launch of each, for ncu
+  python3 scripts/gdn_bench.py build OUT.cubin          # CPU machine: nvcc the entry
+  python3 scripts/gdn_bench.py run OUT.cubin [B ...]    # GPU machine: µs per launch
+  python3 scripts/gdn_bench.py profile OUT.cubin B      # one launch, for ncu (scripts/ncu_stalls.sh)
 
 Launches go back to back over a pool of state copies larger than L2 (as the graph's 48 layers
-do), plain and with programmatic dependent launch; the output of both kernels is compared
-bitwise on the first copy. Speed figures of the step come from `qwen38gen bench`; this only
-chooses and refutes schedules.
+do), plain and with programmatic dependent launch. Speed figures of the step come from
+`qwen38gen bench`; this only chooses and refutes schedules.
 """
 
 from __future__ import annotations
@@ -24,13 +22,13 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.gate import compile_kernels  # noqa: E402
-from qwen38gen.ops import GDN_PERS_BLOCKS, gdn_entry, gdn_launch, pad16  # noqa: E402
+from qwen38gen.ops import gdn_entry, gdn_launch, pad16  # noqa: E402
 
 CFG = PRESETS["qwen3.8-27b"]
 
 
 def entries():
-    return {"chunk": gdn_entry(CFG, 1), "pers": gdn_entry(CFG, 1, pers=True)}
+    return {"chunk": gdn_entry(CFG, 1)}
 
 
 def build(cubin: str):
@@ -68,17 +66,15 @@ class Case:
         self.norm_w = drv.to_device(rng.uniform(0.5, 1.5, c.linear_value_head_dim).astype(np.float32))
         dkv = c.linear_key_head_dim * c.linear_value_head_dim
         n = B * self.hv * dkv
-        self.state0 = (rng.standard_normal(n) * 0.5).astype(np.float32)
-        self.states = [drv.to_device(self.state0) for _ in range(copies)]
+        state0 = (rng.standard_normal(n) * 0.5).astype(np.float32)
+        self.states = [drv.to_device(state0) for _ in range(copies)]
         self.rings = [bf((B, c.linear_conv_kernel_dim - 1, self.C), 1.0) for _ in range(copies)]
-        self.ring0 = drv.from_device(self.rings[0], (B * (c.linear_conv_kernel_dim - 1) * self.C,),
-                                     np.uint16)
         self.arr = drv.to_device(np.zeros(B * c.linear_num_key_heads, np.int32))
         self.pos = drv.to_device(rng.integers(3, 3000, B).astype(np.int32))
         self.ntok = drv.to_device(np.ones(B, np.int32))
         self.out = drv.mem_alloc(B * self.Cv * 2)
 
-    def args(self, i: int, pers: bool):
+    def args(self, i: int):
         import numpy as np
 
         ptr = np.uintp
@@ -88,20 +84,13 @@ class Case:
              ptr(int(self.dt_bias)), ptr(int(self.norm_w)), np.float32(1e-6), ptr(int(self.rings[k])),
              ptr(int(self.arr)), ptr(int(self.states[k])), ptr(int(self.pos)), ptr(int(self.ntok)),
              ptr(int(self.out))]
-        return a + ([np.int32(self.B * self.hv)] if pers else [])
+        return a
 
-    def reset_first(self):
-        """Copy 0 back to its initial state and ring (before a bitwise comparison)."""
-        self.drv.memcpy_htod(self.states[0], self.state0)
-        self.drv.memcpy_htod(self.rings[0], self.ring0)
-
-    def grid(self, pers: bool):
-        items = self.B * gdn_launch(CFG, 1)["blocks_per_seq"]
-        return (min(items, GDN_PERS_BLOCKS) if pers else items, 1, 1)
+    def grid(self):
+        return (self.B * gdn_launch(CFG, 1)["blocks_per_seq"], 1, 1)
 
 
 def run(cubin: str, batches: list[int], reps: int = 30):
-    import numpy as np
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
@@ -118,32 +107,22 @@ def run(cubin: str, batches: list[int], reps: int = 30):
     for B in batches:
         state_bytes = B * CFG.linear_num_value_heads * CFG.linear_key_head_dim * CFG.linear_value_head_dim * 4
         case = Case(drv, B, max(2, (160 << 20) // state_bytes + 1))
-        outs = {}
         for kind, e in ents.items():
-            pers = kind == "pers"
             fn = mod.get_function(e["name"])
             allow_dynamic_smem(fn, e["smem"])
-            grid, block = case.grid(pers), (e["threads"], 1, 1)
-            case.reset_first()
-            fn(*case.args(0, pers), grid=grid, block=block, shared=e["smem"], stream=s)
-            s.synchronize()
-            outs[kind] = (drv.from_device(case.out, (B * case.Cv,), np.uint16),
-                          drv.from_device(case.states[0], (case.state0.size,), np.float32))
-            t = time_back_to_back(drv, s, lambda i: fn(*case.args(i, pers), grid=grid, block=block,
+            grid, block = case.grid(), (e["threads"], 1, 1)
+            t = time_back_to_back(drv, s, lambda i: fn(*case.args(i), grid=grid, block=block,
                                                        shared=e["smem"], stream=s), reps)
-            preps = [pdl.prepare(e["name"], grid, block, e["smem"], case.args(i, pers))
+            preps = [pdl.prepare(e["name"], grid, block, e["smem"], case.args(i))
                      for i in range(len(case.states))]
             tp = time_back_to_back(drv, s, lambda i: pdl.launch(preps[i % len(preps)], s.handle), reps)
             gbs = 2 * state_bytes / tp / 1e9
             rows.append({"B": B, "kernel": kind, "grid": grid[0], "us": t * 1e6, "us_pdl": tp * 1e6,
                          "state_gbs_pdl": gbs, "regs": meta["regs"].get(e["name"], "")})
-        same = all(np.array_equal(a, b) for a, b in zip(outs["chunk"], outs["pers"]))
-        for r in rows[-2:]:
-            r["bitwise_same"] = same
-    print(f"{'B':>3s} {'kernel':7s} {'grid':>5s} {'us':>8s} {'us PDL':>8s} {'state GB/s':>10s} same  regs")
+    print(f"{'B':>3s} {'kernel':7s} {'grid':>5s} {'us':>8s} {'us PDL':>8s} {'state GB/s':>10s}  regs")
     for r in rows:
         print(f"{r['B']:3d} {r['kernel']:7s} {r['grid']:5d} {r['us']:8.1f} {r['us_pdl']:8.1f} "
-              f"{r['state_gbs_pdl']:10.0f} {'yes' if r['bitwise_same'] else 'NO':4s}  {r['regs']}")
+              f"{r['state_gbs_pdl']:10.0f}  {r['regs']}")
     return rows
 
 
@@ -159,8 +138,7 @@ def profile(cubin: str, B: int):
     for kind, e in meta["entries"].items():
         fn = mod.get_function(e["name"])
         allow_dynamic_smem(fn, e["smem"])
-        fn(*case.args(0, kind == "pers"), grid=case.grid(kind == "pers"), block=(e["threads"], 1, 1),
-           shared=e["smem"])
+        fn(*case.args(0), grid=case.grid(), block=(e["threads"], 1, 1), shared=e["smem"])
         drv.Context.synchronize()
 
 

@@ -116,7 +116,7 @@ class Emu:
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]
-        m = re.fullmatch(r"q38_gdn_pt\d+(?:_rs(\d+)_s(\d+)_e(\d))?(?:_pers)?", L["k"])
+        m = re.fullmatch(r"q38_gdn_pt\d+(?:_rs(\d+)_s(\d+)_e(\d))?", L["k"])
         rs = int(m.group(1)) if m.group(1) else c.linear_conv_kernel_dim - 1
         slots, each = (int(m.group(2)), int(m.group(3))) if m.group(1) else (1, 0)
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim

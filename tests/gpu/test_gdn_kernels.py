@@ -89,30 +89,11 @@ ARGS = ("mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring
 # (geometry, PT, NS) instantiated in the test module
 VARIANTS = [("tiny", 1, 2), ("tiny", 1, 1), ("tiny", 1, 4), ("27b", 1, 2), ("27b", 1, 1),
             ("27b", 1, 4), ("toy", 1, 1), ("tiny", 4, 2), ("tiny", 16, 2), ("tiny", 64, 2),
-            ("27b", 4, 2), ("27b", 16, 2), ("27b", 16, 1), ("27b", 16, 4), ("toy", 4, 1),
-            ("tiny", 16, 1)]
-
-
-# (geometry, PT) of the persistent kernel (gdn_persistent, NS = 1)
-PERS_VARIANTS = [("tiny", 1), ("27b", 1), ("toy", 4), ("tiny", 16)]
+            ("27b", 4, 2), ("27b", 16, 2), ("27b", 16, 1), ("27b", 16, 4), ("toy", 4, 1)]
 
 
 def entry_name(geom: str, pt: int, ns: int) -> str:
     return f"q38_gdn_{geom}_pt{pt}_ns{ns}"
-
-
-def pers_name(geom: str, pt: int) -> str:
-    return f"q38_gdn_{geom}_pt{pt}_pers"
-
-
-def pers_src(geom: str, pt: int) -> str:
-    g = GEOMS[geom]
-    t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}"
-    L = f"q38::GdnLaunch<{t}, 1>"
-    n = pers_name(geom, pt)
-    return (f"__constant__ int {n}_launch[2] = {{{L}::threads, {L}::pers_smem_bytes}};\n"
-            f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-            f"{n}({PARAMS}, int nitems) {{ q38::gdn_persistent<{t}>({ARGS}, nitems); }}\n")
 
 
 def entry_src(geom: str, pt: int, ns: int) -> str:
@@ -130,7 +111,7 @@ def entry_src(geom: str, pt: int, ns: int) -> str:
 @pytest.fixture(scope="module")
 def mod(cuda_ctx):
     src = '#include "gdn.cuh"\n' + "".join(entry_src(*v) for v in VARIANTS)
-    return build(src + "".join(pers_src(*v) for v in PERS_VARIANTS))
+    return build(src)
 
 
 def kernel(mod, geom: str, pt: int, ns: int):
@@ -191,35 +172,11 @@ def make_inputs(g: Geom, B: int, pt: int, seed: int, ntok=None, pos=None):
         pos=np.asarray(pos, dtype=np.int64), ntok=np.asarray(ntok, dtype=np.int64))
 
 
-def pers_kernel(mod, geom: str, pt: int):
-    """The persistent entry point and its launch shape; its smem is gdn_chunk's (rounded up to
-    128 bytes) plus one state."""
-    import pycuda.driver as drv
-
-    n = pers_name(geom, pt)
-    ptr, _ = mod.get_global(f"{n}_launch")
-    c = np.zeros(2, dtype=np.int32)
-    drv.memcpy_dtoh(c, ptr)
-    threads, smem = map(int, c)
-    g, L = GEOMS[geom], launch_py(GEOMS[geom], pt, 1)
-    assert (threads, smem) == (L["threads"], -(-L["smem"] // 128) * 128 + 4 * g.dk * g.dv)
-    fn = mod.get_function(n)
-    allow_dynamic_smem(fn, smem)
-    return fn, {"threads": threads, "smem": smem}
-
-
-def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, pers_grid: int | None = None):
-    """One launch; returns out, ring, state (host fp64). pers_grid: run the persistent kernel
-    (NS = 1) on that many blocks instead, each looping over the B·HV items."""
+def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict):
+    """One launch; returns out, ring, state (host fp64)."""
     g = GEOMS[geom]
     B = len(inp["pos"])
-    if pers_grid is None:
-        fn, L = kernel(mod, geom, pt, ns)
-        grid, extra = B * L["blocks_per_seq"], ()
-    else:
-        assert ns == 1
-        fn, L = pers_kernel(mod, geom, pt)
-        grid, extra = pers_grid, (np.int32(B * g.hv),)
+    fn, L = kernel(mod, geom, pt, ns)
     d_mz = to_gpu(inp["mz"].astype(BF16))
     d_ba = to_gpu(inp["ba"].astype(BF16))
     d_w = to_gpu(inp["conv_w"].astype(BF16))
@@ -234,7 +191,7 @@ def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, pers_grid: int | None =
     d_out = poisoned((B * pt, g.Cv), BF16)
     fn(d_mz, np.int32(inp["ld_mz"]), d_ba, np.int32(inp["ld_ba"]), np.int32(inp["ba_off"]),
        d_w, d_A, d_dt, d_nw, np.float32(EPS), d_ring, d_arr, d_state, d_pos, d_ntok, d_out,
-       *extra, block=(L["threads"], 1, 1), grid=(grid, 1, 1), shared=L["smem"])
+       block=(L["threads"], 1, 1), grid=(B * L["blocks_per_seq"], 1, 1), shared=L["smem"])
     assert not d_arr.get().any(), "ring_arrivals not left at 0"
     f = np.float64
     return d_out.get().astype(f), d_ring.get().astype(f), d_state.get().astype(f)
@@ -292,25 +249,6 @@ def test_gdn_prefill(mod, geom, B, pt, ns):
     inp = make_inputs(GEOMS[geom], B, pt, seed_of("prefill", geom, B, pt, ns))
     check(f"prefill {geom} B={B} PT={pt} NS={ns} ntok={inp['ntok'].tolist()}", geom, pt, inp,
           run_gpu(mod, geom, pt, ns, inp))
-
-
-# (geometry, B, PT, grid): one block for every item, a few blocks with uneven rounds, one item
-# per block, more blocks than items (idle blocks)
-PERS = [("tiny", 17, 1, 1), ("tiny", 17, 1, 5), ("27b", 3, 1, 7), ("27b", 6, 1, 264),
-        ("27b", 2, 1, 96), ("27b", 1, 1, 100), ("toy", 3, 4, 4), ("tiny", 3, 16, 5)]
-
-
-@pytest.mark.parametrize("geom,B,pt,grid", PERS, ids=[f"{g}-B{b}-PT{p}-grid{n}" for g, b, p, n in PERS])
-def test_gdn_persistent(mod, geom, B, pt, grid):
-    """gdn_persistent on `grid` blocks: bitwise gdn_chunk (NS = 1) on the same inputs (out, ring,
-    state), and within tolerance of the references."""
-    inp = make_inputs(GEOMS[geom], B, pt, seed_of("persistent", geom, B, pt))
-    got = run_gpu(mod, geom, pt, 1, inp, pers_grid=grid)
-    want = run_gpu(mod, geom, pt, 1, inp)
-    for name, a, w in zip(("out", "ring", "state"), got, want):
-        bad = np.argwhere(a != w)
-        assert bad.size == 0, f"persistent {name} differs from gdn_chunk at {bad[:5].tolist()}"
-    check(f"persistent {geom} B={B} PT={pt} grid={grid}", geom, pt, inp, got)
 
 
 def test_gdn_prefill_then_decode(mod):

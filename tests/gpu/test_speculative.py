@@ -25,30 +25,9 @@ GDN = [("tiny", 2, 1, 4, 1, 2), ("tiny", 3, 1, 5, 1, 3), ("tiny", 5, 2, 7, 1, 5)
        ("tiny", 16, 1, 5, 0, 3), ("tiny", 1, 1, 5, 0, 3), ("27b", 16, 1, 4, 0, 2)]
 
 
-# The same with the persistent kernel (gdn_persistent, NS = 1), on (variant, grid): the verify
-# pass and a decode step of an mtp program
-PERS = [(("27b", 2, 1, 4, 1, 2), 5), (("tiny", 3, 1, 5, 1, 3), 1), (("tiny", 1, 1, 5, 0, 3), 4)]
-
-
 def gname(v) -> str:
     g, pt, ns, rs, each, slots = v
     return f"q38_gdn_{g}_pt{pt}_ns{ns}_rs{rs}_e{each}_s{slots}"
-
-
-def pname(v) -> str:
-    return gname(v) + "_pers"
-
-
-def pers_src(v) -> str:
-    g, pt, ns, rs, each, slots = v
-    G = GEOMS[g]
-    t = f"{G.dk}, {G.dv}, {G.hk}, {G.hv}, {K}, {pt}"
-    L = f"q38::GdnLaunch<{t}, 1, {rs}>"
-    n = pname(v)
-    return (f"__constant__ int {n}_launch[3] = {{{L}::threads, {L}::pers_smem_bytes, {L}::blocks_per_seq}};\n"
-            f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-            f"{n}({PARAMS}, const int* slot, int nitems) {{ "
-            f"q38::gdn_persistent<{t}, {rs}, {each}, {slots}>({ARGS}, slot, nitems); }}\n")
 
 
 def gdn_src(v) -> str:
@@ -80,28 +59,11 @@ extern "C" __global__ void __launch_bounds__(128) sput(int* dst, const int* src,
 
 @pytest.fixture(scope="module")
 def mod(cuda_ctx):
-    return build('#include "gdn.cuh"\n' + "".join(gdn_src(v) for v in GDN)
-                 + "".join(pers_src(v) for v, _ in PERS) + SPEC_SRC)
+    return build('#include "gdn.cuh"\n' + "".join(gdn_src(v) for v in GDN) + SPEC_SRC)
 
 
 @pytest.mark.parametrize("v", GDN, ids=[gname(v) for v in GDN])
 def test_gdn_slots(mod, v):
-    slots_case(mod, v)
-
-
-@pytest.mark.parametrize("v,grid", PERS, ids=[f"{pname(v)}-grid{n}" for v, n in PERS])
-def test_gdn_slots_persistent(mod, v, grid):
-    """gdn_persistent with slots: within tolerance of numpy and bitwise gdn_chunk's result."""
-    got = slots_case(mod, v, pers_grid=grid)
-    want = slots_case(mod, v)
-    for name, a, w in zip(("out", "ring", "state"), got, want):
-        bad = np.argwhere(a != w)
-        assert bad.size == 0, f"persistent {name} differs from gdn_chunk at {bad[:5].tolist()}"
-
-
-def slots_case(mod, v, pers_grid: int | None = None):
-    """One launch of variant v on fresh inputs (seeded by v), checked against numpy; returns
-    out, ring, state. pers_grid: the persistent kernel on that many blocks."""
     import pycuda.driver as drv
 
     geom, pt, ns, rs, each, slots = v
@@ -125,12 +87,11 @@ def slots_case(mod, v, pers_grid: int | None = None):
             want[b, :ntok[b]] = per[b, :ntok[b]]
         else:
             want[b, slot[b]] = s_ref[b]
-    n = gname(v) if pers_grid is None else pname(v)
+    n = gname(v)
     ptr, _ = mod.get_global(f"{n}_launch")
     c = np.zeros(3, np.int32)
     drv.memcpy_dtoh(c, ptr)
     threads, smem, bps = map(int, c)
-    grid, extra = (B * bps, ()) if pers_grid is None else (pers_grid, (np.int32(B * bps),))
     fn = mod.get_function(n)
     allow_dynamic_smem(fn, smem)
     d_ring, d_state = to_gpu(ring.astype(BF16)), to_gpu(state.astype(np.float32))
@@ -141,7 +102,7 @@ def slots_case(mod, v, pers_grid: int | None = None):
        to_gpu(inp["A_log"].astype(np.float32)), to_gpu(inp["dt_bias"].astype(BF16)),
        to_gpu(inp["norm_w"].astype(np.float32)), np.float32(EPS), d_ring, d_arr, d_state,
        to_gpu(inp["pos"].astype(np.int32)), to_gpu(inp["ntok"].astype(np.int32)), d_out,
-       to_gpu(slot.astype(np.int32)), *extra, block=(threads, 1, 1), grid=(grid, 1, 1), shared=smem)
+       to_gpu(slot.astype(np.int32)), block=(threads, 1, 1), grid=(B * bps, 1, 1), shared=smem)
     assert not d_arr.get().any(), "ring_arrivals not left at 0"
     out, ring_got, st_got = (d.get().astype(np.float64) for d in (d_out, d_ring, d_state))
     bad = np.argwhere(ring_got != ring_ref)
@@ -156,7 +117,6 @@ def slots_case(mod, v, pers_grid: int | None = None):
             else:
                 e = rel_err(st_got[b, s], want[b, s])
                 assert e <= TOL["state_hf"], f"b={b} slot={s}: state rel err {e:.2e}"
-    return out, ring_got, st_got
 
 
 def test_accept_planted(mod):
