@@ -167,3 +167,24 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
         if zs > 1:
             assert part >= need and arrivals >= gx * gy
             assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
+
+
+@pytest.mark.parametrize("batch,staged", [(1, True), (8, True), (16, False)])
+def test_one_wave_gemvs_stage_activations(batch, staged):
+    """gemv_config's version-6 rule in the 27B program: at btg <= 8 the weights whose row blocks
+    fit the GPU in one wave (down, out: 320 row tiles) stage their activations with the weights
+    (XS = 1, bench/NOTES.md version 6); the wider ones (in projections, gate_up) and every weight
+    at btg 16 keep XS = 0."""
+    from qwen38gen import ops
+
+    prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(batch))
+    seen = {}
+    for L in prog.manifest["schedule"]["decode"]:
+        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e\d_st\d_x(\d)(_a1)?", L["k"])
+        if m:
+            rows = L["args"][6][1]
+            seen[rows] = int(m.group(2))
+            if seen[rows]:  # only launches of fewer row blocks than fit the GPU at once
+                assert L["grid"][0] < ops.GEMV_WAVE
+    assert seen[5120] == (1 if staged else 0)          # down and out
+    assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
