@@ -51,7 +51,8 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log
 // Programmatic dependent launch (docs/KERNELS.md). Every kernel of a step calls
 // pdl_launch_dependents() first, so the next kernel's blocks may become resident while this one
 // runs, and pdl_wait() before it reads anything an earlier kernel wrote or writes anything at all;
-// only constant data (weights) may be read before it. Without the launch attribute both are no-ops.
+// only data no kernel of the same graph writes (weights; a layer's own state and conv ring from
+// the previous replay) may be read before it (docs/KERNELS.md). Without the launch attribute both are no-ops.
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
