@@ -215,11 +215,14 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   extern __shared__ float4 smem4[];
   float* const sm = reinterpret_cast<float*>(smem4);
   uint4* const sm_m = reinterpret_cast<uint4*>(sm + L::off_m);
+  uint4* const sw8 = reinterpret_cast<uint4*>(sm + L::off_w);
+  uint4* const srt = reinterpret_cast<uint4*>(sm + L::off_rt);
   float* const sq = sm + L::off_q;
   float* const sk = sm + L::off_k;
   float* const sv = sm + L::off_v;
   float* const so = sm + L::off_o;
   float* const sz = sm + L::off_z;
+  float* const snw = sm + L::off_nw;
   float* const sred = sm + L::off_red;
   float* const sdec = sm + L::off_dec;
   float* const sbeta = sm + L::off_beta;
@@ -269,21 +272,17 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // this layer's launch of the previous step, read before anyone of this launch writes them:
   // the ring_arrivals rule below), norm_w of this block's columns. The gates' constants go to
   // the gate threads' registers.
-  {
-    uint4* const sw8 = reinterpret_cast<uint4*>(sm + L::off_w);
-    uint4* const srt = reinterpret_cast<uint4*>(sm + L::off_rt);
-    for (int idx = tid; idx < NG * (K + KC); idx += NT) {
-      const int g = idx % NG, j = idx / NG;  // j < K: weight vector j of group g; else ring tap j-K
-      const int ch = chan(g);
-      if (j < K) {
-        cp_async16(sw8 + g * K + j, conv_w + (size_t)ch * K + 8 * j);
-      } else if (p0 - KC + (j - K) >= 0) {
-        cp_async16(srt + g * KC + (j - K), ring_b + (size_t)((p0 - KC + (j - K)) % RS) * C + ch);
-      }
+  for (int idx = tid; idx < NG * (K + KC); idx += NT) {
+    const int g = idx % NG, j = idx / NG;  // j < K: weight vector j of group g; else ring tap j-K
+    const int ch = chan(g);
+    if (j < K) {
+      cp_async16(sw8 + g * K + j, conv_w + (size_t)ch * K + 8 * j);
+    } else if (p0 - KC + (j - K) >= 0) {
+      cp_async16(srt + g * KC + (j - K), ring_b + (size_t)((p0 - KC + (j - K)) % RS) * C + ch);
     }
-    for (int i = tid; i < COLS / 4; i += NT) cp_async16(sm + L::off_nw + 4 * i, norm_w + c0 + 4 * i);
-    cp_async_commit();
   }
+  for (int i = tid; i < COLS / 4; i += NT) cp_async16(snw + 4 * i, norm_w + c0 + 4 * i);
+  cp_async_commit();
   // Gates: thread NT-1-t computes token t's (threads without conv work at PT = 1).
   const bool gate = NT - 1 - tid < nt;
   const float alog = gate ? A_log[h] : 0.f, dtb = gate ? to_f(dt_bias[h]) : 0.f;
@@ -318,9 +317,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     float* const dst = g < GQ       ? sq + t * DK + 8 * g
                        : g < 2 * GQ ? sk + t * DK + 8 * (g - GQ)
                                     : sv + t * COLS + 8 * (g - 2 * GQ);
-    const uint4 m = gdn_detail::conv8<K>(mz, ld_mz, row0, reinterpret_cast<const uint4*>(sm + L::off_w) + g * K,
-                                         reinterpret_cast<const uint4*>(sm + L::off_rt) + g * KC, p0,
-                                         t, chan(g), dst);
+    const uint4 m = gdn_detail::conv8<K>(mz, ld_mz, row0, sw8 + g * K, srt + g * KC, p0, t, chan(g), dst);
     if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
   }
   __syncthreads();
@@ -477,7 +474,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     const int t = idx / COLS, c = idx % COLS;
     const int col = h * DV + c0 + c;
     float y = 0.f;
-    if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * sm[L::off_nw + c] * siluf_(sz[t * COLS + c]);
+    if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * snw[c] * siluf_(sz[t * COLS + c]);
     out[(row0 + t) * (size_t)CV + col] = to_bf(y);
   }
   if constexpr (NS > 1) coop::this_cluster().barrier_wait();

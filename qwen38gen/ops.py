@@ -64,8 +64,9 @@ GEMV_PARAMS = (("const uint4*", "qweight"), ("const q38::bf16*", "scales"),
                ("int", "N"), ("int", "R"))
 
 
+GEMM_SMS = 132           # an H200's SMs: the grid the ZS split aims to fill
 # Blocks of gemv_q4 (8 warps, <= 64 registers at MT = 1, NT = 1) that fit an H200 at once.
-GEMV_WAVE = 4 * 132
+GEMV_WAVE = 4 * GEMM_SMS
 
 
 def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
@@ -114,7 +115,6 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
 # gemm_q4 (kernels/gemm_q4.cuh): gemv_q4's arithmetic with the activations shared by the warps
 # of a block through a cp.async ring. ZS blocks split K's parts when the row blocks alone would
 # not fill the GPU.
-GEMM_SMS = 132           # an H200's SMs: the grid the ZS split aims to fill
 GEMM_PARAMS = GEMV_PARAMS + (("float*", "part"), ("int*", "arrivals"))
 
 
