@@ -44,12 +44,15 @@
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int MW, int XS, int ZS = 1>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int PP = 0, int XT = 0>
 struct WgmmaLaunch {
   static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
   static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
   static_assert(XS >= 2 && XS <= 8, "wgmma_q4: 2 <= XS <= 8 ring stages");
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_q4: ZS must divide KS");
+  static_assert(PP == 0 || PP == 1, "wgmma_q4: PP is 0 or 1");
+  static_assert(XT == 0 || PP == 0, "wgmma_q4: XT = 1 refills a stage one group after its wgmmas");
+  static constexpr int x_slots = XT ? XS : PP ? 3 : 2;          // activation tiles in flight
   static constexpr int threads = 128 * WG;
   static constexpr int rows_per_block = 64 * WG * MW;
   static constexpr int btg = 8 * NT;
@@ -60,7 +63,7 @@ struct WgmmaLaunch {
   static constexpr int values = MW * NT * 4;                    // accumulators per thread
   static constexpr int sum_bytes = KS > 1 && ZS == 1 ? threads * values * 4 : 0;
   static constexpr int part_floats = KS * threads * values;     // per row block (ZS > 1)
-  static constexpr int dyn_smem_bytes = XS * w_stage_bytes + 2 * x_stage_bytes + sum_bytes;
+  static constexpr int dyn_smem_bytes = XS * w_stage_bytes + x_slots * x_stage_bytes + sum_bytes;
 };
 
 // One wgmma.m64nNk16 (N = 8*NT), bf16 x bf16 -> fp32, A from registers (this warp's m16k16
@@ -109,6 +112,12 @@ struct Wgmma<8> {
   }
 };
 
+// A register set chosen at compile time (wgmma_q4's PP = 1 alternates two).
+template <int P>
+struct Parity {
+  static constexpr int value = P;
+};
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -130,12 +139,12 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied, weights only); ZS: blocks splitting the parts of K (grid.z).
-template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1>
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int PP = 0, int XT = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, PP, XT>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
   constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1;
   constexpr int XO = XS * SB;  // the two activation tiles follow the weight ring
@@ -166,6 +175,14 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       cp_async16_s(d + (b * 66 + 32) * 16, wsrc[b] + gi * 64 + 32);
       if (lane < 2) cp_async16_s(d + (b * 66 + 64) * 16, ssrc[b] + gi * 16);  // slots 64, 65: scales
     }
+  };
+  // XT = 1: x is already in tile order (ops.tile_activations: tile (blockIdx.y, gi) is XB
+  // contiguous bytes), and a group's tile is copied into its ring stage with its weights.
+  auto load_xt = [&](int s, int gi) {
+    const char* src = reinterpret_cast<const char*>(x) + ((size_t)blockIdx.y * NG + gi) * XB;
+    const unsigned d = smem0 + XO + s * XB;
+#pragma unroll
+    for (int i = tid; i < XB / 16; i += T) cp_async16_s(d + 16 * i, src + 16 * i);
   };
   // The activation tile of a group, in two steps a group apart: load_x reads this thread's units
   // (row n, k-tile h, half ih: the 16 bytes at 32j + 16ih of the row's 128-byte k-tile, j = 0..3)
@@ -212,17 +229,34 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
   for (int s = 0; s < D; ++s)
     if (gb + s < ge) load_w(s, gb + s);
+  if constexpr (XT) {
+    pdl_wait();  // x comes from the previous kernel
 #pragma unroll
-  for (int s = 0; s < D; ++s) cp_async_commit();  // D commit groups, even with fewer groups
-  pdl_wait();  // x comes from the previous kernel
-  load_x(gb);
-  store_x(0);
-  if (gb + 1 < ge) load_x(gb + 1);
+    for (int s = 0; s < D; ++s) {
+      if (gb + s < ge) load_xt(s, gb + s);
+      cp_async_commit();  // D commit groups, even with fewer groups
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < D; ++s) cp_async_commit();  // D commit groups, even with fewer groups
+    pdl_wait();  // x comes from the previous kernel
+    load_x(gb);
+    store_x(0);
+    if (gb + 1 < ge) load_x(gb + 1);
+  }
 
-  float acc[MW][NT][4], pt[MW][NT][4];
+  // PP = 0: per group, dequantize, 8 wgmmas, wait for them, scale. PP = 1: two register sets of
+  // A fragments, scales and partials, used by alternate groups: group g's wgmmas are waited for
+  // only after group g+1's are issued, so the barrier, the activation stores and the dequant of
+  // g+1 overlap g's wgmmas, and g's scaling overlaps g+1's (three activation tiles: g-1's may
+  // still be read while g+1's is stored). The arithmetic is the same: the sets only rename.
+  constexpr int NB = PP ? 2 : 1, NX = L::x_slots;
+  float acc[MW][NT][4], pt[NB][MW][NT][4];
+  uint32_t a[NB][MW][8][4], sw[NB][MW];
   q4_zero<MW, NT>(acc);
-  q4_zero<MW, NT>(pt);
-  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XO + 2 * XB) + tid;
+#pragma unroll
+  for (int p = 0; p < NB; ++p) q4_zero<MW, NT>(pt[p]);
+  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XO + NX * XB) + tid;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   const size_t blk = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
   auto pslot = [&](int p) { return part_buf + ((size_t)p * gridDim.x * gridDim.y + blk) * (T * V) + tid; };
@@ -230,24 +264,29 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
                          (uint64_t)(256 >> 4) << 32;
 
   int s_use = 0, s_fill = D;  // the stage multiplied / refilled
-#pragma unroll 1
-  for (int gi = gb; gi < ge; ++gi) {
+  // Group gi with register set P: wait for its weights and activation tile, refill the ring, stage
+  // the next tile, dequantize, issue its 8 wgmmas (not waited for).
+  auto issue = [&](auto P, int gi) {
+    constexpr int p = decltype(P)::value;
     cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
     fence_proxy_async();     // this thread's activation stores visible to the tensor cores
-    __syncthreads();         // ... everyone's, and group gi's activation tile; group gi-1's
-                             // weight stage and activation tile are free (its wgmmas are done)
-    if (gi + D < ge) load_w(s_fill, gi + D);
+    __syncthreads();         // ... everyone's, and group gi's activation tile; the weight stage of
+                             // group gi-1 is free, and so is the tile of group gi+1-NX (its
+                             // wgmmas were waited for before this barrier)
+    if (gi + D < ge) {
+      load_w(s_fill, gi + D);
+      if constexpr (XT) load_xt(s_fill, gi + D);
+    }
     cp_async_commit();
     s_fill = s_fill == XS - 1 ? 0 : s_fill + 1;
-    const int xs = (gi - gb) & 1;  // group gi's activation tile
-    if (gi + 1 < ge) {
-      store_x(xs ^ 1);
+    const int xs = XT ? s_use : (gi - gb) % NX;  // group gi's activation tile
+    if (!XT && gi + 1 < ge) {
+      store_x((gi + 1 - gb) % NX);
       if (gi + 2 < ge) load_x(gi + 2);
     }
     // Dequantize group gi: this warp's A fragments of the MW blocks, and their scales.
     const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB) +
                       warp * MW * 66;
-    uint32_t a[MW][8][4], sw[MW];
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
 #pragma unroll
@@ -257,10 +296,10 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[b][4 * h + i][j] = q4_pair(wi[i], j);
+          for (int j = 0; j < 4; ++j) a[p][b][4 * h + i][j] = q4_pair(wi[i], j);
       }
       const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + b * 66 + 64);
-      sw[b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+      sw[p][b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
     }
     uint64_t desc[8];
 #pragma unroll
@@ -270,22 +309,25 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
       for (int b = 0; b < MW; ++b)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][k][j]));
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[p][b][k][j]));
     }
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 8; ++k)
 #pragma unroll
-      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[b], a[b][k], desc[k], k);
+      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  // Group gd's wgmmas (register set P) are done: scale its partials into acc, close its part.
+  auto finish = [&](auto P, int gd) {
+    constexpr int p = decltype(P)::value;
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
-      wgmma_fence_regs<NT>(pt[b]);
-      q4_scale_add<NT>(acc[b], pt[b], sw[b]);
+      wgmma_fence_regs<NT>(pt[p][b]);
+      q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
     }
-    if (KS > 1 && gi + 1 == part_end) {
+    if (KS > 1 && gd + 1 == part_end) {
       // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's
       // reduction); ZS > 1: its acc goes to part_buf for the merging block.
       float* pv = ZS > 1 ? pslot(part) : sums;
@@ -302,6 +344,39 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
           }
       ++part;
       part_end = ((part + 1) * NG) / KS;
+    }
+  };
+  using P0 = Parity<0>;
+  using P1 = Parity<PP>;
+  if constexpr (PP == 0) {
+#pragma unroll 1
+    for (int gi = gb; gi < ge; ++gi) {
+      issue(P0{}, gi);
+      wgmma_wait<0>();
+      finish(P0{}, gi);
+    }
+  } else {
+    // Steady state: issue g+1, wait for g (one group left in flight), scale g.
+    issue(P0{}, gb);
+    int gi = gb + 1;
+#pragma unroll 1
+    for (; gi + 1 < ge; gi += 2) {
+      issue(P1{}, gi);
+      wgmma_wait<1>();
+      finish(P0{}, gi - 1);
+      issue(P0{}, gi + 1);
+      wgmma_wait<1>();
+      finish(P1{}, gi);
+    }
+    if (gi < ge) {
+      issue(P1{}, gi);
+      wgmma_wait<1>();
+      finish(P0{}, gi - 1);
+      wgmma_wait<0>();
+      finish(P1{}, gi);
+    } else {
+      wgmma_wait<0>();
+      finish(P0{}, gi - 1);
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits

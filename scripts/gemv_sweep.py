@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
+from qwen38gen.weights import tile_activations as _tile  # noqa: E402
 from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_floats,  # noqa: E402
                            wgmma_smem)
 
@@ -30,17 +31,25 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
 # XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
 SWEEP = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 3, 0, 1), ("b", 2, 2, 1, 0),
-            ("b", 1, 3, 1, 1), ("b", 1, 3, 0, 0)]),
-    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 2, 1, 0),
-             ("b", 1, 3, 0, 0), ("b", 1, 3, 1, 0)]),
+    8: (64, [("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("w", 4, 1, 3, 8, 1),
+             ("w", 2, 1, 4, 1, 1, 0, 1), ("w", 3, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 6, 1, 1, 0, 1),
+             ("w", 4, 1, 3, 8, 1, 0, 1), ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 4, 8, 1, 0, 1),
+             ("w", 1, 1, 4, 1, 2, 0, 1)]),
+    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 2, 4, 1, 1, 0, 1), ("w", 2, 1, 4, 1, 1, 0, 1),
+             ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 4, 1, 3, 8, 1, 0, 1)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 0, 1),
+             ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 6, 1, 1, 0, 1), ("w", 2, 2, 4, 1, 1, 0, 1),
+             ("w", 4, 1, 3, 8, 1, 0, 1), ("w", 4, 2, 4, 1, 1, 0, 1)]),
+    1: (8, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("w", 2, 1, 4, 1, 1, 0, 1),
+            ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 2, 4, 1, 1, 0, 1), ("w", 4, 1, 3, 8, 1, 0, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
-# this table is the last one run (version 6, 1 and 16 rows: activations staged with the weights,
-# -v6-gemv-sweep-xs.txt). The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4, the
-# warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and the one before
-# this comment's; bench/NOTES.md) added configs of code that is gone.
+# version 6 swept 1 and 16 rows (activations staged with the weights, -v6-gemv-sweep-xs.txt).
+# This table is the last one run (version 7: wgmma_q4's pipelined register sets, PP = 1, against
+# the program's configs at 64 and 32 rows). The experiments of versions 5 and 6 (an L2 prefetch
+# in gemv_q4, the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and
+# 4fd8ff4; bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
 
 
@@ -48,10 +57,17 @@ def ks_of(k: int) -> int:
     return min(KS_MAX, k // 128)
 
 
+def wcfg(cfg):
+    """("w", WG, MW, XS, ZS, MB[, PP[, XT]]) with PP (wgmma_q4's pipelined register sets) and XT
+    (activations read in tile order) default 0."""
+    return tuple(cfg) + (0,) * (8 - len(cfg))
+
+
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb = cfg
-        return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}"
+        _, wg, mw, xs, zs, mb, pp, xt = wcfg(cfg)
+        return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_p{pp}" if pp else "")
+                + (f"_t{xt}" if xt else ""))
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -62,8 +78,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _ = cfg
-        return wgmma_smem(k, nt, wg, mw, xs, zs)
+        _, wg, mw, xs, zs, _, pp, xt = wcfg(cfg)
+        return wgmma_smem(k, nt, wg, mw, xs, zs, pp, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -74,7 +90,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _ = cfg
+        _, wg, mw, xs, zs, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
@@ -104,8 +120,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, mw, xs, zs, mb = cfg
-            threads, call = 128 * wg, f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}>"
+            _, wg, mw, xs, zs, mb, pp, xt = wcfg(cfg)
+            threads = 128 * wg
+            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {pp}, {xt}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
@@ -171,6 +188,8 @@ def run(cubin: str, reps: int = 20):
             xh = (rng.standard_normal((R, K)) * 0.5).astype(np.float32)
             xb = (xh.view(np.uint32) >> 16).astype(np.uint16)
             x = drv.to_device(xb)
+            xt_dev = drv.to_device(_tile(xb, nt)) if any(
+                c[0] == "w" and wcfg(c)[7] for c in cfgs) else x
             y = drv.mem_alloc(R * N * 2)
             ref = None
             for cfg in cfgs:
@@ -186,8 +205,10 @@ def run(cubin: str, reps: int = 20):
                 drv.memset_d32(arr, 0, grid[0] * grid[1])
                 scratch.extend([part, arr])
 
+                xin = xt_dev if cfg[0] == "w" and wcfg(cfg)[7] else x
+
                 def launch(i):
-                    fn(W[i % ncopy], S[i % ncopy], x, np.int32(K), y, np.int32(N), np.int32(N),
+                    fn(W[i % ncopy], S[i % ncopy], xin, np.int32(K), y, np.int32(N), np.int32(N),
                        np.int32(R), part, arr, grid=grid, block=block, shared=sm, stream=s)
                 drv.memset_d16(y, 0x7FC0, R * N)
                 try:
@@ -212,7 +233,7 @@ def run(cubin: str, reps: int = 20):
                 t = time_back_to_back(drv, s, launch, reps)
                 ptr = np.uintp
                 preps = [pdl.prepare(name(K, nt, cfg), grid, block, sm,
-                                     [ptr(int(W[i])), ptr(int(S[i])), ptr(int(x)), np.int32(K),
+                                     [ptr(int(W[i])), ptr(int(S[i])), ptr(int(xin)), np.int32(K),
                                       ptr(int(y)), np.int32(N), np.int32(N), np.int32(R),
                                       ptr(int(part)), ptr(int(arr))]) for i in range(ncopy)]
                 tp = time_back_to_back(drv, s, lambda i: pdl.launch(preps[i % ncopy], s.handle), reps)
@@ -222,6 +243,8 @@ def run(cubin: str, reps: int = 20):
                                 "bitwise_same": same, "err": err, "count": count,
                                 "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
+            if xt_dev is not x:
+                xt_dev.free()
             y.free()
             for a in scratch:
                 a.free()
