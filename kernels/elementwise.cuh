@@ -4,6 +4,7 @@
 //                 (tok[r] must lie in [0, V); not checked)
 //   swiglu        h[r, f] = bf16(silu(g) · u), g = gu[r, f], u = gu[r, F + f]
 //                                                         gu bf16 [R, 2F] -> h bf16 [R, F]
+//                 (or, TNT > 0, h in wgmma_q4's activation tile order: common.cuh, xtile_store16)
 //   residual_add  x[r, c] = bf16(x[r, c] + y[r, c])        x, y bf16 [R, W], x in place (HF adds in bf16)
 //   argmax_rows   idx[r] = argmax_c l[r, c], val[r] = l[r, idx[r]]   l T [R, V] (T = bf16 or float)
 //                 -> idx int32 [R], val fp32 [R]; ties go to the smallest index (numpy argmax).
@@ -49,7 +50,8 @@ struct SwigluLaunch {
   static constexpr int grid_x = (F / 8 + threads - 1) / threads;  // grid = (grid_x, R)
 };
 
-template <int F>
+// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows (xtile_store16).
+template <int F, int TNT = 0>
 __device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
   static_assert(F % 8 == 0, "swiglu: F must be a multiple of 8");
   const int v = blockIdx.x * SwigluLaunch<F>::threads + threadIdx.x;  // 8 columns per thread
@@ -61,7 +63,8 @@ __device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __rest
   unpack_bf16x8(ldg16(row + F + 8 * v), u);
 #pragma unroll
   for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
-  *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
+  if constexpr (TNT > 0) xtile_store16<TNT>(h, F, r, 8 * v, pack_bf16x8(g));
+  else *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
 }
 
 template <int W>

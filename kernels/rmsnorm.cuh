@@ -5,6 +5,7 @@
 //
 // In:  x bf16 [R, H] (rows contiguous), w bf16 [H] (zero-centred weight), eps (runtime float).
 // Out: y bf16 [R, H]; y may alias x (each thread writes only the 16-byte chunks it read).
+//      With TNT > 0, y is in wgmma_q4's activation tile order instead (common.cuh, xtile_store16).
 // Base pointers 16-byte aligned.
 //
 // Launch (RmsnormLaunch holds the same numbers): grid = R, block = NT threads, no dynamic smem.
@@ -45,7 +46,9 @@ struct RmsnormLaunch {
 // rmsnorm_1p_ld: the same with row strides (elements, multiples of 8): row r is read at
 // x + r·ldx and written at y + r·ldy (the mtp lane writes RMS1p(e) and RMS1p(h) into the two
 // halves of one [R, 2H] row for the fc GEMV). rmsnorm_1p is rmsnorm_1p_ld with ldx = ldy = H.
-template <int H, int NT>
+// TNT > 0: y is written in wgmma_q4's activation tile order for batch tiles of 8·TNT rows
+// (xtile_store16, K = ldy; the next GEMV reads it with XT = 1); y must not alias x then.
+template <int H, int NT, int TNT = 0>
 __device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16* __restrict__ w,
                                               bf16* y, int ldy, float eps) {
   constexpr int V = RmsnormLaunch<H, NT>::chunks;
@@ -80,14 +83,15 @@ __device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16
       const float2 g = __bfloat1622float2(pw[i]);
       po[i] = __floats2bfloat162_rn((f.x * r) * (1.f + g.x), (f.y * r) * (1.f + g.y));
     }
-    yr[threadIdx.x + c * NT] = out;
+    if constexpr (TNT > 0) xtile_store16<TNT>(y, ldy, (int)row, 8 * (threadIdx.x + c * NT), out);
+    else yr[threadIdx.x + c * NT] = out;
   }
 }
 
-template <int H, int NT>
+template <int H, int NT, int TNT = 0>
 __device__ __forceinline__ void rmsnorm_1p(const bf16* x, const bf16* __restrict__ w, bf16* y,
                                            float eps) {
-  rmsnorm_1p_ld<H, NT>(x, H, w, y, H, eps);
+  rmsnorm_1p_ld<H, NT, TNT>(x, H, w, y, H, eps);
 }
 
 }  // namespace q38

@@ -29,6 +29,12 @@
 // makes ptxas serialize them, C7513). MW = 2 gives each warpgroup two independent accumulator
 // chains over one activation tile; other blocks on the SM fill the tensor pipe too.
 //
+// XT = 1: x is given in tile order (docs/FORMAT.md "Activation tiles", written so by the norm or
+// SwiGLU that produces it: xtile_store16 in common.cuh): tile (blockIdx.y, g) is the group's
+// x_stage_bytes, contiguous, and is copied by cp.async into the weight ring's stage with the
+// group's weights, XS - 1 groups ahead, with no registers, transpose or shared stores. On the
+// H200 that took the 64-row in projections from 49 to 31 us (bench/NOTES.md, version 7).
+//
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
 // scratch and the `arrivals` counters, merged in part order by the last block to arrive).
 //
@@ -44,15 +50,14 @@
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int PP = 0, int XT = 0>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0>
 struct WgmmaLaunch {
   static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
   static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
   static_assert(XS >= 2 && XS <= 8, "wgmma_q4: 2 <= XS <= 8 ring stages");
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_q4: ZS must divide KS");
-  static_assert(PP == 0 || PP == 1, "wgmma_q4: PP is 0 or 1");
-  static_assert(XT == 0 || PP == 0, "wgmma_q4: XT = 1 refills a stage one group after its wgmmas");
-  static constexpr int x_slots = XT ? XS : PP ? 3 : 2;          // activation tiles in flight
+  static_assert(XT == 0 || XT == 1, "wgmma_q4: XT is 0 or 1");
+  static constexpr int x_slots = XT ? XS : 2;                   // activation tiles in smem
   static constexpr int threads = 128 * WG;
   static constexpr int rows_per_block = 64 * WG * MW;
   static constexpr int btg = 8 * NT;
@@ -112,12 +117,6 @@ struct Wgmma<8> {
   }
 };
 
-// A register set chosen at compile time (wgmma_q4's PP = 1 alternates two).
-template <int P>
-struct Parity {
-  static constexpr int value = P;
-};
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -138,17 +137,18 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
-// copied ahead of the one multiplied, weights only); ZS: blocks splitting the parts of K (grid.z).
-template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int PP = 0, int XT = 0>
+// copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
+// tile order.
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, PP, XT>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
   constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1;
-  constexpr int XO = XS * SB;  // the two activation tiles follow the weight ring
-  extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][weights], [2][x tile], the sums
+  constexpr int XO = XS * SB;  // the activation tiles (x_slots) follow the weight ring
+  extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][weights], [x_slots][x tile], sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   const int tiles = (N + 15) >> 4;
   // This warp's m-tiles: tile q = warp % 4 of each of its warpgroup's MW 64-row blocks.
@@ -245,17 +245,11 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     if (gb + 1 < ge) load_x(gb + 1);
   }
 
-  // PP = 0: per group, dequantize, 8 wgmmas, wait for them, scale. PP = 1: two register sets of
-  // A fragments, scales and partials, used by alternate groups: group g's wgmmas are waited for
-  // only after group g+1's are issued, so the barrier, the activation stores and the dequant of
-  // g+1 overlap g's wgmmas, and g's scaling overlaps g+1's (three activation tiles: g-1's may
-  // still be read while g+1's is stored). The arithmetic is the same: the sets only rename.
-  constexpr int NB = PP ? 2 : 1, NX = L::x_slots;
-  float acc[MW][NT][4], pt[NB][MW][NT][4];
-  uint32_t a[NB][MW][8][4], sw[NB][MW];
+  constexpr int NX = L::x_slots;
+  float acc[MW][NT][4], pt[MW][NT][4];
+  uint32_t a[MW][8][4], sw[MW];
   q4_zero<MW, NT>(acc);
-#pragma unroll
-  for (int p = 0; p < NB; ++p) q4_zero<MW, NT>(pt[p]);
+  q4_zero<MW, NT>(pt);
   float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XO + NX * XB) + tid;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   const size_t blk = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
@@ -264,15 +258,14 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
                          (uint64_t)(256 >> 4) << 32;
 
   int s_use = 0, s_fill = D;  // the stage multiplied / refilled
-  // Group gi with register set P: wait for its weights and activation tile, refill the ring, stage
-  // the next tile, dequantize, issue its 8 wgmmas (not waited for).
-  auto issue = [&](auto P, int gi) {
-    constexpr int p = decltype(P)::value;
+  // Group gi: wait for its weights and activation tile, refill the ring, stage the next tile
+  // (XT = 0), dequantize, issue its 8 wgmmas.
+  auto issue = [&](int gi) {
     cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
     fence_proxy_async();     // this thread's activation stores visible to the tensor cores
     __syncthreads();         // ... everyone's, and group gi's activation tile; the weight stage of
-                             // group gi-1 is free, and so is the tile of group gi+1-NX (its
-                             // wgmmas were waited for before this barrier)
+                             // group gi-1 is free, and so is its activation tile (its wgmmas
+                             // were waited for before this barrier)
     if (gi + D < ge) {
       load_w(s_fill, gi + D);
       if constexpr (XT) load_xt(s_fill, gi + D);
@@ -296,10 +289,10 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[p][b][4 * h + i][j] = q4_pair(wi[i], j);
+          for (int j = 0; j < 4; ++j) a[b][4 * h + i][j] = q4_pair(wi[i], j);
       }
       const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + b * 66 + 64);
-      sw[p][b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+      sw[b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
     }
     uint64_t desc[8];
 #pragma unroll
@@ -309,23 +302,22 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
       for (int b = 0; b < MW; ++b)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[p][b][k][j]));
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][k][j]));
     }
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 8; ++k)
 #pragma unroll
-      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
+      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[b], a[b][k], desc[k], k);
     wgmma_commit();
   };
-  // Group gd's wgmmas (register set P) are done: scale its partials into acc, close its part.
-  auto finish = [&](auto P, int gd) {
-    constexpr int p = decltype(P)::value;
+  // Group gd's wgmmas are done: scale its partials into acc, close its part.
+  auto finish = [&](int gd) {
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
-      wgmma_fence_regs<NT>(pt[p][b]);
-      q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
+      wgmma_fence_regs<NT>(pt[b]);
+      q4_scale_add<NT>(acc[b], pt[b], sw[b]);
     }
     if (KS > 1 && gd + 1 == part_end) {
       // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's
@@ -346,38 +338,11 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       part_end = ((part + 1) * NG) / KS;
     }
   };
-  using P0 = Parity<0>;
-  using P1 = Parity<PP>;
-  if constexpr (PP == 0) {
 #pragma unroll 1
-    for (int gi = gb; gi < ge; ++gi) {
-      issue(P0{}, gi);
-      wgmma_wait<0>();
-      finish(P0{}, gi);
-    }
-  } else {
-    // Steady state: issue g+1, wait for g (one group left in flight), scale g.
-    issue(P0{}, gb);
-    int gi = gb + 1;
-#pragma unroll 1
-    for (; gi + 1 < ge; gi += 2) {
-      issue(P1{}, gi);
-      wgmma_wait<1>();
-      finish(P0{}, gi - 1);
-      issue(P0{}, gi + 1);
-      wgmma_wait<1>();
-      finish(P1{}, gi);
-    }
-    if (gi < ge) {
-      issue(P1{}, gi);
-      wgmma_wait<1>();
-      finish(P0{}, gi - 1);
-      wgmma_wait<0>();
-      finish(P1{}, gi);
-    } else {
-      wgmma_wait<0>();
-      finish(P0{}, gi - 1);
-    }
+  for (int gi = gb; gi < ge; ++gi) {
+    issue(gi);
+    wgmma_wait<0>();
+    finish(gi);
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 

@@ -198,11 +198,13 @@ def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
 
 # wgmma_q4 (kernels/wgmma_q4.cuh, sm_90a): gemv_q4's arithmetic on warpgroup MMA, the four warps
 # of a warpgroup owning 64 rows and the activation tile in shared memory as the B operand.
-def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int) -> int:
-    """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes)."""
+def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int, xt: int = 0) -> int:
+    """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes): the weight
+    ring, the activation tiles (XT = 1: one per ring stage, else two), the part sums."""
     ks = min(GEMV_KS, k // 128)
     sums = 128 * wg * mw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
-    return xs * 4 * wg * mw * 66 * 16 + 2 * 8 * nt * 256 + sums
+    slots = xs if xt else 2
+    return xs * 4 * wg * mw * 66 * 16 + slots * 8 * nt * 256 + sums
 
 
 def wgmma_part_floats(k: int, nt: int, wg: int, mw: int) -> int:
@@ -240,29 +242,45 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
     (64, "long"): (4, 1, 3, 1),
     (32, "lm_head"): (2, 2, 4, 1),
 }
+# XT = 1 (the activations already in tile order, written so by the norm or SwiGLU before the
+# GEMV; each group's tile is one contiguous cp.async copy into the ring instead of loads,
+# a register transpose and shared stores): version 7's sweep, 64 rows, us per launch under PDL
+# (bench/2026-12-02-h200-v7-gemv-sweep-xt.txt), gdn.in 49.4 -> 31.4, attn.in 48.3 -> 30.9,
+# gate_up 111.5 -> 90.3, down 67.1 -> 60.4. Used where the caller's producer can write the order.
+WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
+    (64, "gate_up"): (1, 1, 4, 2),
+    (64, "in"): (1, 1, 4, 2),
+    (64, "long"): (4, 1, 3, 1),
+}
 
 
-def wgmma_launch(rows: int, k: int, btg: int, R: int) -> tuple[int, int, int, int, int] | None:
-    """(WG, MW, XS, ZS, MB) of the wgmma_q4 launch of a weight over R activation rows, or None:
-    wgmma_config's schedule and the split gemm_split gives its grid."""
-    wc = wgmma_config(rows, k, btg)
+def wgmma_launch(rows: int, k: int, btg: int, R: int,
+                 xt: bool = False) -> tuple[int, int, int, int, int, int] | None:
+    """(WG, MW, XS, ZS, MB, XT) of the wgmma_q4 launch of a weight over R activation rows, or
+    None: wgmma_config's schedule (WGMMA_XT_TABLE's where xt, the caller able to give the
+    activations in tile order) and the split gemm_split gives its grid. The producer of the
+    activations must write the tile order exactly when the result's XT is 1."""
+    wc = WGMMA_XT_TABLE.get((btg, _shape_kind(rows, k))) if xt else None
+    use_xt = wc is not None
+    wc = wc or wgmma_config(rows, k, btg)
     if wc is None:
         return None
     wg, mw, xs, mb = wc
     zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
         return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
-    return wg, mw, xs, zs, mb
+    return wg, mw, xs, zs, mb, int(use_xt)
 
 
 def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
-                mb: int = 1) -> Entry:
+                mb: int = 1, xt: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    smem = wgmma_smem(k, nt, wg, mw, xs, zs)
-    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
-    return Entry(name=f"q38_gemv_k{k}_wg{wg}_mw{mw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_b{mb}",
-                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>",
+    smem = wgmma_smem(k, nt, wg, mw, xs, zs, xt)
+    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}"
+    return Entry(name=f"q38_gemv_k{k}_wg{wg}_mw{mw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_b{mb}"
+                      + ("_t1" if xt else ""),
+                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}>",
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
@@ -333,9 +351,11 @@ BF = "const q38::bf16*"
 I32 = "const int*"
 
 
-def rmsnorm_entry(h: int) -> Entry:
+def rmsnorm_entry(h: int, tnt: int = 0) -> Entry:
+    """RMS1p; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
     nt = max(t for t in range(32, 1025, 32) if (h // 8) % t == 0)
-    return Entry(f"q38_rmsnorm_h{h}", f"q38::rmsnorm_1p<{h}, {nt}>",
+    return Entry(f"q38_rmsnorm_h{h}" + (f"_t{tnt}" if tnt else ""),
+                 f"q38::rmsnorm_1p<{h}, {nt}, {tnt}>",
                  ((BF, "x"), (BF, "w"), ("q38::bf16*", "y"), ("float", "eps")), nt,
                  asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
@@ -524,8 +544,9 @@ def embed_entry(h: int) -> Entry:
                  asserts=(f"q38::EmbedLaunch<{h}>::threads == 128",))
 
 
-def swiglu_entry(f: int) -> Entry:
-    return Entry(f"q38_swiglu_f{f}", f"q38::swiglu<{f}>",
+def swiglu_entry(f: int, tnt: int = 0) -> Entry:
+    """SwiGLU; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
+    return Entry(f"q38_swiglu_f{f}" + (f"_t{tnt}" if tnt else ""), f"q38::swiglu<{f}, {tnt}>",
                  ((BF, "gu"), ("q38::bf16*", "h")), 256,
                  asserts=(f"q38::SwigluLaunch<{f}>::threads == 256",))
 
@@ -607,12 +628,13 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         "pos": {"dtype": "int32", "shape": [B]},
         "ntok": {"dtype": "int32", "shape": [B]},
         "x": {"dtype": "bfloat16", "shape": [rmax, H]},
-        "h": {"dtype": "bfloat16", "shape": [rmax, H]},
+        # h and act may hold a GEMV input in tile order: whole batch tiles of rows.
+        "h": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, H]},
         "proj": {"dtype": "bfloat16", "shape": [rmax, n_in]},
         "o": {"dtype": "bfloat16", "shape": [rmax, max(Cv, cfg.q_dim)]},
         "qbuf": {"dtype": "bfloat16", "shape": [rmax, cfg.q_dim]},
         "gu": {"dtype": "bfloat16", "shape": [rmax, 2 * F]},
-        "act": {"dtype": "bfloat16", "shape": [rmax, F]},
+        "act": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, F]},
         "hlast": {"dtype": "bfloat16", "shape": [B, H]},
         "logits": {"dtype": "bfloat16", "shape": [B, V]},
         "next": {"dtype": "int32", "shape": [B]},
@@ -662,20 +684,30 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
 
     scratch = {"part": 1, "arrivals": 1}   # gemm_q4's ZS > 1 scratch, the most any launch needs
 
-    def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None) -> dict:
+    def tiled_input(wname: str, R: int) -> int:
+        """The n-tiles of the activation tile order the GEMV of wname over R rows reads its
+        input in (wgmma_q4 with XT = 1), or 0 for rows; its producer writes exactly that."""
+        w = plan.weights[wname]
+        wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=True) if wgmma else None
+        return btg // 8 if wl and wl[5] else 0
+
+    def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None,
+             xt: bool = False) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows by btg.
-        (Bigger tiles for the multi-row passes were tried: a 32-row tile made the B = 16 mtp
-        verify step 8 % slower on an H200, one block per SM at grid.y = 1; bench/NOTES.md.)"""
+        xt: x may be given in tile order (the caller's producer writes it so when
+        tiled_input(wname, R) says). (Bigger tiles for the multi-row passes were tried: a 32-row
+        tile made the B = 16 mtp verify step 8 % slower on an H200, one block per SM at
+        grid.y = 1; bench/NOTES.md.)"""
         w = plan.weights[wname]
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
-        wl = wgmma_launch(n_out, k, btg, R) if wgmma else None
+        wl = wgmma_launch(n_out, k, btg, R, xt=xt) if wgmma else None
         gl = None if wl else gemm_launch(n_out, k, btg, R)
         if wl:
-            wg, mw, xs, zs, mb = wl
-            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb), 4 * wg * mw,
+            wg, mw, xs, zs, mb, xt_ = wl
+            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
         elif gl:
             mt, wr, st, zs, mb = gl
@@ -693,6 +725,22 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         mt, st, xs, a = gemv_config(n_out, k, tile)
         e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
         return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
+
+    def normed_gemv(wnorm: str, wname: str, y: str, ldy: int, R: int) -> list[dict]:
+        """h = RMS1p(x; wnorm) (in tile order where the GEMV reads it so), then y = W h."""
+        tnt = tiled_input(wname, R)
+        norm = plan.entry(rmsnorm_entry(H, tnt))
+        return [{"k": norm.name, "grid": [R, 1, 1],
+                 "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]},
+                gemv(wname, "h", y, ldy, R, 0, xt=bool(tnt))]
+
+    def swiglu_down(wname: str, R: int) -> list[dict]:
+        """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
+        tnt = tiled_input(wname, R)
+        sw = plan.entry(swiglu_entry(F, tnt))
+        return [{"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
+                 "args": [buf("gu"), buf("act")]},
+                gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
                   pos: str = "pos") -> list[dict]:
@@ -722,10 +770,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         norm = plan.entry(rmsnorm_entry(H))
         for i in range(cfg.num_hidden_layers):
             p = f"model.language_model.layers.{i}."
-            s.append({"k": norm.name, "grid": [R, 1, 1],
-                      "args": [buf("x"), ["t", p + "input_layernorm.weight"], buf("h"),
-                               ["f32", eps]]})
-            s.append(gemv(f"L{i}.in", "h", "proj", n_in, R, 0))
+            s += normed_gemv(p + "input_layernorm.weight", f"L{i}.in", "proj", n_in, R)
             if i in lg:
                 la_ = p + "linear_attn."
                 if K:
@@ -750,14 +795,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                                buf("vc", 0, la[i] * kv_layer))
             # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention.
             s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
-            s.append({"k": norm.name, "grid": [R, 1, 1],
-                      "args": [buf("x"), ["t", p + "post_attention_layernorm.weight"], buf("h"),
-                               ["f32", eps]]})
-            s.append(gemv(f"L{i}.gate_up", "h", "gu", 2 * F, R, 0))
-            sw = plan.entry(swiglu_entry(F))
-            s.append({"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
-                      "args": [buf("gu"), buf("act")]})
-            s.append(gemv(f"L{i}.down", "act", "x", H, R, 1))
+            s += normed_gemv(p + "post_attention_layernorm.weight", f"L{i}.gate_up", "gu", 2 * F, R)
+            s += swiglu_down(f"L{i}.down", R)
         s.append({"k": norm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "model.language_model.norm.weight"], buf("h"),
                            ["f32", eps]]})
@@ -800,20 +839,12 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
              {"k": nld.name, "grid": [R, 1, 1],
               "args": [buf(hid), ["i32", H], ["t", "mtp.pre_fc_norm_hidden.weight"],
                        buf("mcat", H), ["i32", 2 * H], ["f32", eps]]},
-             gemv("M.fc", "mcat", "x", H, R, 0),
-             {"k": norm.name, "grid": [R, 1, 1],
-              "args": [buf("x"), ["t", mp + "input_layernorm.weight"], buf("h"), ["f32", eps]]},
-             gemv("M.in", "h", "proj", n_in, R, 0)]
+             gemv("M.fc", "mcat", "x", H, R, 0)]
+        s += normed_gemv(mp + "input_layernorm.weight", "M.in", "proj", n_in, R)
         s += attention(pt, R, mp + "self_attn.", buf("mkc"), buf("mvc"), ntok=ntok, pos=pos)
         s.append(gemv("M.out", "o", "x", H, R, 1, ldx=cfg.q_dim))
-        s.append({"k": norm.name, "grid": [R, 1, 1],
-                  "args": [buf("x"), ["t", mp + "post_attention_layernorm.weight"], buf("h"),
-                           ["f32", eps]]})
-        s.append(gemv("M.gate_up", "h", "gu", 2 * F, R, 0))
-        sw = plan.entry(swiglu_entry(F))
-        s.append({"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
-                  "args": [buf("gu"), buf("act")]})
-        s.append(gemv("M.down", "act", "x", H, R, 1))
+        s += normed_gemv(mp + "post_attention_layernorm.weight", "M.gate_up", "gu", 2 * F, R)
+        s += swiglu_down("M.down", R)
         s.append({"k": norm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "mtp.norm.weight"], buf(out if not gather else "h"),
                            ["f32", eps]]})

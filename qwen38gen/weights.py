@@ -464,6 +464,33 @@ def _unpack_tiles(qweight: np.ndarray) -> np.ndarray:
     return u.reshape(t * TILE_N, kt * TILE_K)
 
 
+def xtile_index(rows: int, k: int, nt: int) -> np.ndarray:
+    """FORMAT.md "Activation tiles": for an activation matrix [rows, k] (bf16) in wgmma_q4's
+    tile order for batch tiles of 8·nt rows, the element offset of (r, c) in the tiled buffer,
+    int64 [rows, k]. The buffer holds ceil(rows / (8·nt)) · 8·nt rows."""
+    _check_k((1, k))
+    btg, ng = 8 * nt, k // GROUP
+    r = np.arange(rows)[:, None]
+    c = np.arange(k)[None, :]
+    rb, n, gi, kk = r // btg, r % btg, c // GROUP, c % GROUP
+    nb, n8 = n // 8, n % 8
+    h, ch = kk // 64, (kk % 64) // 8            # k-tile, 16-byte chunk within it
+    ih, j, t, e = ch % 2, ch // 2, (kk % 8) // 2, kk % 2
+    byte = ((rb * ng + gi) * (2048 * nt) + ((4 * h + 2 * ih) * nt + nb) * 256 + n8 * 16
+            + (t % 2) * 128 + (t // 2) * nt * 256 + j * 4 + e * 2)
+    return byte // 2
+
+
+def tile_activations(x: np.ndarray, nt: int) -> np.ndarray:
+    """x [rows, k] (any dtype; bf16 bits as uint16 for the GPU) in wgmma_q4's activation tile
+    order for batch tiles of 8·nt rows: a flat array of ceil(rows / (8·nt)) · 8·nt · k elements,
+    zero in the padding rows."""
+    rows, k = x.shape
+    out = np.zeros(-(-rows // (8 * nt)) * 8 * nt * k, x.dtype)
+    out[xtile_index(rows, k, nt).ravel()] = x.ravel()
+    return out
+
+
 def unpack_int4(qweight: np.ndarray, scales_tiled: np.ndarray,
                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``pack_int4``: ``(codes int8 [N, K], scales bf16 [N, K/128])``."""

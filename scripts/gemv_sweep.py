@@ -29,25 +29,28 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
           ("gate_up", 34816, 5120, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
 # NT -> batch rows timed, configs: ("b", MT, ST, XS, AS) of gemv_q4, ("g", MT, WR, ST, ZS, MB)
 # of gemm_q4 (kernels/gemm_q4.cuh; MB = min blocks per SM of its launch bounds) or ("w", WG, MW,
-# XS, ZS, MB) of wgmma_q4 (kernels/wgmma_q4.cuh); the first is the bitwise reference of its NT.
+# XS, ZS, MB[, XT]) of wgmma_q4 (kernels/wgmma_q4.cuh; XT = 1 is given x in tile order, made on
+# the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
     8: (64, [("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("w", 4, 1, 3, 8, 1),
-             ("w", 2, 1, 4, 1, 1, 0, 1), ("w", 3, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 6, 1, 1, 0, 1),
-             ("w", 4, 1, 3, 8, 1, 0, 1), ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 4, 8, 1, 0, 1),
-             ("w", 1, 1, 4, 1, 2, 0, 1)]),
-    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 2, 4, 1, 1, 0, 1), ("w", 2, 1, 4, 1, 1, 0, 1),
-             ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 4, 1, 3, 8, 1, 0, 1)]),
-    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 0, 1),
-             ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 1, 6, 1, 1, 0, 1), ("w", 2, 2, 4, 1, 1, 0, 1),
-             ("w", 4, 1, 3, 8, 1, 0, 1), ("w", 4, 2, 4, 1, 1, 0, 1)]),
-    1: (8, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("w", 2, 1, 4, 1, 1, 0, 1),
-            ("w", 4, 1, 4, 1, 1, 0, 1), ("w", 2, 2, 4, 1, 1, 0, 1), ("w", 4, 1, 3, 8, 1, 0, 1)]),
+             ("w", 2, 1, 4, 1, 1, 1), ("w", 3, 1, 4, 1, 1, 1), ("w", 2, 1, 6, 1, 1, 1),
+             ("w", 4, 1, 3, 8, 1, 1), ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 1, 4, 8, 1, 1),
+             ("w", 1, 1, 4, 1, 2, 1)]),
+    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 2, 1, 4, 1, 1, 1),
+             ("w", 4, 1, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 1),
+             ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 1, 6, 1, 1, 1), ("w", 2, 2, 4, 1, 1, 1),
+             ("w", 4, 1, 3, 8, 1, 1), ("w", 4, 2, 4, 1, 1, 1)]),
+    1: (8, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("w", 2, 1, 4, 1, 1, 1),
+            ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
 # version 6 swept 1 and 16 rows (activations staged with the weights, -v6-gemv-sweep-xs.txt).
-# This table is the last one run (version 7: wgmma_q4's pipelined register sets, PP = 1, against
-# the program's configs at 64 and 32 rows). The experiments of versions 5 and 6 (an L2 prefetch
+# This table is the last one run (version 7, -v7-gemv-sweep-xt.txt: wgmma_q4 with XT = 1, the
+# activations in tile order, against the program's configs at 8 to 64 rows; the configs carried
+# a PP field then, for a pipelined variant measured in -v7-gemv-sweep-pp.txt and removed). The
+# experiments of versions 5 and 6 (an L2 prefetch
 # in gemv_q4, the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and
 # 4fd8ff4; bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
@@ -58,16 +61,14 @@ def ks_of(k: int) -> int:
 
 
 def wcfg(cfg):
-    """("w", WG, MW, XS, ZS, MB[, PP[, XT]]) with PP (wgmma_q4's pipelined register sets) and XT
-    (activations read in tile order) default 0."""
-    return tuple(cfg) + (0,) * (8 - len(cfg))
+    """("w", WG, MW, XS, ZS, MB[, XT]) with XT (activations read in tile order) default 0."""
+    return tuple(cfg) + (0,) * (7 - len(cfg))
 
 
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb, pp, xt = wcfg(cfg)
-        return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_p{pp}" if pp else "")
-                + (f"_t{xt}" if xt else ""))
+        _, wg, mw, xs, zs, mb, xt = wcfg(cfg)
+        return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -78,8 +79,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, pp, xt = wcfg(cfg)
-        return wgmma_smem(k, nt, wg, mw, xs, zs, pp, xt)
+        _, wg, mw, xs, zs, _, xt = wcfg(cfg)
+        return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -90,7 +91,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, _, _ = wcfg(cfg)
+        _, wg, mw, xs, zs, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
@@ -120,9 +121,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, mw, xs, zs, mb, pp, xt = wcfg(cfg)
+            _, wg, mw, xs, zs, mb, xt = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {pp}, {xt}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
@@ -189,7 +190,7 @@ def run(cubin: str, reps: int = 20):
             xb = (xh.view(np.uint32) >> 16).astype(np.uint16)
             x = drv.to_device(xb)
             xt_dev = drv.to_device(_tile(xb, nt)) if any(
-                c[0] == "w" and wcfg(c)[7] for c in cfgs) else x
+                c[0] == "w" and wcfg(c)[6] for c in cfgs) else x
             y = drv.mem_alloc(R * N * 2)
             ref = None
             for cfg in cfgs:
@@ -205,7 +206,7 @@ def run(cubin: str, reps: int = 20):
                 drv.memset_d32(arr, 0, grid[0] * grid[1])
                 scratch.extend([part, arr])
 
-                xin = xt_dev if cfg[0] == "w" and wcfg(cfg)[7] else x
+                xin = xt_dev if cfg[0] == "w" and wcfg(cfg)[6] else x
 
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], xin, np.int32(K), y, np.int32(N), np.int32(N),

@@ -14,7 +14,7 @@ import numpy as np
 
 from qwen38gen.ops import attn_part_floats, attn_stride, resolve_shape
 from qwen38gen.runtime import fused_arrays, pack_weights
-from qwen38gen.weights import dequantize
+from qwen38gen.weights import dequantize, xtile_index
 from tests.gpu import ref_ops as R
 
 
@@ -72,11 +72,22 @@ class Emu:
         tok = self.view(L["args"][1], (R_,))
         self.view(L["args"][2], (R_, E.shape[1]))[:] = E[tok]
 
+    def put_rows(self, L, arg, y):
+        """y [R, K] into the buffer of arg: as rows, or in wgmma_q4's tile order where the
+        entry's name ends in _t<nt> (the next GEMV reads it with XT = 1)."""
+        m = re.search(r"_t(\d+)$", L["k"])
+        if m:
+            _, name, off, _ = arg
+            assert off == 0, L["k"]
+            self.buf[name][xtile_index(*y.shape, int(m.group(1)))] = y
+        else:
+            self.view(arg, y.shape)[:] = y
+
     def k_rmsnorm(self, L, pt):
         w = self.T[L["args"][1][1]]
         R_, H = L["grid"][0], w.shape[0]
         x = self.view(L["args"][0], (R_, H))
-        self.view(L["args"][2], (R_, H))[:] = R.rms1p(x, w, L["args"][3][1])
+        self.put_rows(L, L["args"][2], R.rms1p(x, w, L["args"][3][1]))
 
     def k_rmsnormld(self, L, pt):
         a = L["args"]
@@ -93,7 +104,11 @@ class Emu:
         W = self.W[a[0][1]]
         ldx, ldy, N, R_ = a[3][1], a[5][1], a[6][1], a[7][1]
         K = W.shape[1]
-        x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
+        if L["k"].endswith("_t1"):   # wgmma_q4 XT = 1: x in tile order
+            nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
+            x = self.buf[a[2][1]][xtile_index(R_, K, nt)]
+        else:
+            x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
         y = self.view(a[4], (R_, ldy))
         out = x @ W[:N].T
         if re.search(r"_e(\d+)", L["k"]).group(1) == "1":   # epilogue: add to y
@@ -105,7 +120,7 @@ class Emu:
         R_ = L["grid"][1]
         F = self.cfg.intermediate_size
         gu = self.view(L["args"][0], (R_, 2 * F))
-        self.view(L["args"][1], (R_, F))[:] = R.swiglu(gu, F)
+        self.put_rows(L, L["args"][1], R.swiglu(gu, F))
 
     def k_gdn(self, L, pt):
         c = self.cfg

@@ -188,3 +188,45 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
                 assert L["grid"][0] < ops.GEMV_WAVE
     assert seen[5120] == (1 if staged else 0)          # down and out
     assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
+
+
+# Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.
+_TILED_PRODUCER = re.compile(r"q38_(rmsnorm|swiglu)_\w+_t(\d+)$")
+_OUT_ARG = {"rmsnorm": 2, "swiglu": 1}
+
+
+@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 64, 0), ("qwen3.8-27b", 40, 0),
+                                             ("qwen3.8-27b", 64, 1), ("tiny", 64, 0),
+                                             ("qwen3.8-27b", 16, 0), ("qwen3.8-27b", 32, 0)])
+def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
+    """In every schedule, a wgmma_q4 launch with XT = 1 (name ending _t1) reads a buffer whose
+    last writer wrote it in tile order for the same batch tile, and every tile-order write is
+    read next by such a launch and nothing else; at btg 64 the 27B program's in, gate_up and
+    decode-step down projections read the tile order, at btg 16 and 32 nothing does."""
+    prog = emit_program(PRESETS[model], Lanes.make(batch, pt=16, mtp=mtp))
+    btg = prog.lanes.btg
+    nxt = 0
+    for phase, sched in prog.manifest["schedule"].items():
+        if not isinstance(sched, list):
+            continue
+        tiled: dict[str, int] = {}      # buffer -> nt of the tile order it now holds
+        for L in sched:
+            args = [a for a in L["args"] if a[0] == "buf"]
+            m = _TILED_PRODUCER.match(L["k"])
+            if L["k"].endswith("_t1"):
+                x = L["args"][2][1]
+                nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
+                assert tiled.pop(x, None) == nt == btg // 8, (phase, L["k"])
+                nxt += 1
+            else:
+                for a in args:   # any other reader or writer of a tile-order buffer
+                    assert a[1] not in tiled, (phase, L["k"], a[1])
+            if m:
+                tiled[L["args"][_OUT_ARG[m.group(1)]][1]] = int(m.group(2))
+        assert not tiled, (phase, tiled)
+    n_layers = PRESETS[model].num_hidden_layers
+    if model == "qwen3.8-27b" and btg == 64:
+        decode = [L["k"] for L in prog.manifest["schedule"]["decode"]]
+        assert sum(k.endswith("_t1") for k in decode) >= 3 * n_layers
+    elif btg < 64:
+        assert nxt == 0

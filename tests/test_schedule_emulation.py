@@ -26,13 +26,20 @@ def setup():
     return cfg, t, Reference(cfg, int4_weights(cfg, t), dtype=np.float64)
 
 
-@pytest.mark.parametrize("B,pt", [(3, 4), (2, 16)])
-def test_schedule_matches_reference(setup, B, pt):
+@pytest.mark.parametrize("B,pt,btg", [(3, 4, None), (2, 16, None), (40, 4, 64)])
+def test_schedule_matches_reference(setup, B, pt, btg):
+    """(40, 4, 64): batch tiles of 64 rows with 40 real, where the down projection's wgmma_q4
+    reads the SwiGLU output in tile order (XT = 1)."""
     cfg, t, ref = setup
-    man = emit_program(cfg, Lanes.make(B, pt=pt)).manifest
+    man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt)).manifest
+    if btg == 64:
+        assert any(L["k"].endswith("_t1") for L in man["schedule"]["decode"])
+        assert any(L["k"].startswith("q38_swiglu") and L["k"].endswith("_t8")
+                   for L in man["schedule"]["decode"])
     emu = Emu(man, cfg, t, tmax=64)
     rng = np.random.default_rng(B * 100 + pt)
-    prompts = [list(map(int, rng.integers(0, cfg.vocab_size, n))) for n in (9, 1, 5)[:B]]
+    prompts = [list(map(int, rng.integers(0, cfg.vocab_size, (9, 1, 5)[b % 3])))
+               for b in range(B)]
     st = ref.new_state(B)
     ref_lg, _ = ref.prefill(st, prompts)
     lg_emu = [None] * B

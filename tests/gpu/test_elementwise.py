@@ -22,6 +22,7 @@ SWIGLU_TOL = 4e-3
 
 ROWS = [1, 3, 17]
 HD = [512, 5120]             # hidden: tiny, 27B
+TILE_NT = [1, 8]             # wgmma_q4's activation tile order (XT = 1): 8- and 64-row tiles
 FF = [1024, 17408]           # intermediate: tiny, 27B
 VOCAB = [1024, 248320]       # vocab: tiny, 27B
 TOPK = [(1024, 1), (1024, 5), (1024, 16), (248320, 8), (248320, 16)]
@@ -39,6 +40,9 @@ def _entries():
     for f in FF:
         e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
                   f"q38::swiglu<{f}>(gu, h)"))
+        for nt in TILE_NT:
+            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
+                      f"q38::swiglu<{f}, {nt}>(gu, h)"))
     for dn, (ct, _) in DTYPES.items():
         for v in VOCAB:
             e.append((f"argmax_{dn}_{v}", f"q38::ArgmaxLaunch<{ct}, {v}>",
@@ -90,11 +94,12 @@ def _gpu_embed(E, tok):
     return x.get()
 
 
-def _gpu_swiglu(gu, F):
-    fn, nt = _kernel(f"swiglu_{F}")
+def _gpu_swiglu(gu, F, tile_nt=0):
+    """h [R, F], or (tile_nt > 0) the flat tile-order buffer of whole 8·tile_nt-row tiles."""
+    fn, nt = _kernel(f"swiglu_{F}" + (f"_t{tile_nt}" if tile_nt else ""))
     R = gu.shape[0]
     gu_d = to_gpu(gu)
-    h = poisoned((R, F), BF16)
+    h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,) if tile_nt else (R, F), BF16)
     fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // 8) // nt), R))
     return h.get()
 
@@ -230,3 +235,24 @@ def test_advance_pos(cuda_ctx, B):
     ntok = rng.integers(1, 17, size=B)
     assert np.array_equal(_gpu_advance(pos, ntok), pos + ntok)
     print(f"advance_pos B={B}: exact")
+
+
+@pytest.mark.parametrize("F", FF)
+@pytest.mark.parametrize("tile_nt", TILE_NT)
+def test_swiglu_tile_order(cuda_ctx, F, tile_nt):
+    """swiglu<F, TNT> writes the same bits as swiglu<F>, each at its place in wgmma_q4's
+    activation tile order (weights.xtile_index), and nothing in the padding rows."""
+    from qwen38gen.weights import xtile_index
+
+    rng = np.random.default_rng([F, tile_nt, 3])
+    for R in (1, 8 * tile_nt - 1, 8 * tile_nt + 3):
+        gu = _bf16(rng.standard_normal((R, 2 * F)) * 2.0)
+        rows = _gpu_swiglu(gu, F).view(np.uint16)
+        tiled = _gpu_swiglu(gu, F, tile_nt).view(np.uint16)
+        idx = xtile_index(R, F, tile_nt)
+        assert np.array_equal(tiled[idx], rows), f"R={R}: tile-order values differ"
+        rest = np.ones(tiled.size, bool)
+        rest[idx.ravel()] = False
+        assert np.isnan(tiled[rest].view(BF16).astype(np.float32)).all(), \
+            f"R={R}: padding rows written"
+    print(f"swiglu F={F} TNT={tile_nt}: tile order exact")

@@ -282,33 +282,33 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
 _WGMMA: dict = {}
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb):
-    key = (K, nt, ks, epi, wg, mw, xs, zs, mb)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt=0):
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, xt)
     if key not in _WGMMA:
-        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}"
-        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}"
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}_{xt}"
+        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}"
         src = f"""
 #include "wgmma_q4.cuh"
 extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}>(q, s, x, ldx, y, ldy, N, R,
-                                                               part, arrivals);
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}>(q, s, x, ldx, y, ldy, N,
+                                                                     R, part, arrivals);
 }}
 static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
 static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
-              {ops.wgmma_smem(K, nt, wg, mw, xs, zs)}, "ops.wgmma_smem");
+              {ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)}, "ops.wgmma_smem");
 static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
               "ops.wgmma_part_floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
-        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs)
+        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)
         allow_dynamic_smem(fn, smem)
         _WGMMA[key] = (fn, smem)
     return _WGMMA[key]
 
 
-def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
+def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs, ldx=None):
     """Launch wgmma_q4; returns the arrival counters (every launch must leave them at 0)."""
     import pycuda.gpuarray as ga
 
@@ -318,7 +318,7 @@ def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs):
     part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
-    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
+    fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(ldx or x.shape[1]), y.gpudata, np.int32(y.shape[1]),
        np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata, block=(128 * wg, 1, 1),
        grid=(gx, gy, zs), shared=smem)
     return arrivals.get()
@@ -366,10 +366,52 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
     print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
 
 
-@pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256)])
+# XT = 1 configs (NT, WG, MW, XS, ZS, MB): the activations in tile order, one cp.async copy per
+# group (ring stages 2 to 6, split K, 1 to 4 warpgroups, 8- to 64-row tiles).
+WGMMA_XT_CONFIGS = [(8, 1, 1, 4, 1, 2), (8, 4, 1, 3, 8, 1), (8, 2, 1, 2, 2, 1), (4, 2, 1, 4, 1, 1),
+                    (2, 1, 2, 6, 1, 1), (1, 2, 1, 3, 4, 1)]
+
+
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408)])
+def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
+    """wgmma_q4 with XT = 1, given x in tile order (weights.tile_activations, as the norm and
+    SwiGLU write it), gives gemv_q4's bits on the same x in rows, for partial batch tiles and
+    rows that do not fill the last warpgroup."""
+    rng = np.random.default_rng([N, K, 10])
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    tried = 0
+    for nt, wg, mw, xs, zs, mb in WGMMA_XT_CONFIGS:
+        if ks % zs:
+            continue
+        for epi in (0, 1):
+            ref_fn = _kernel(K, 1, nt, ks, epi)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, 1)
+            for R in (1, 8 * nt, 8 * nt + 5):
+                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                arr = _run_wgmma(fn, qw_d, sc_d, xt, got, N, R, nt, wg, mw, zs, ldx=K)
+                cfg = (nt, wg, mw, xs, zs, mb)
+                assert not arr.any(), f"wgmma XT {cfg}: arrival counters left {arr}"
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} wgmma XT {cfg} epi={epi} R={R}: bits differ"
+                tried += 1
+    assert tried
+    print(f"wgmma_q4 XT N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+
+
+@pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256),
+                                 (24576 + 16, 256)])
 def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
-    """The configs ops.wgmma_launch picks for the sm_90a program (a wide weight, a long-K one, an
-    lm_head-sized one) at btg 32 and 64 give gemv_q4's bits, both epilogues."""
+    """The configs ops.wgmma_launch picks for the sm_90a program (in-projection-, long-K-,
+    lm_head- and gate_up-sized weights) at btg 32 and 64, with the activations in rows and,
+    where the producer can write it, in tile order (XT = 1), give gemv_q4's bits, both
+    epilogues."""
     rng = np.random.default_rng([N, K, 9])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
@@ -378,23 +420,26 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     for btg in (32, 64):
         nt = btg // 8
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
-            wl = ops.wgmma_launch(N, K, btg, R)
-            if wl is None:
-                continue
-            wg, mw, xs, zs, mb = wl
-            for epi in (0, 1):
-                fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
-                ref_fn = _kernel(K, 1, nt, ks, epi)
-                x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
-                assert not arr.any()
-                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} btg={btg} wgmma {wl} epi={epi} R={R}: bits differ"
-                seen.add((btg, wl))
+            for tiled in (False, True):   # the caller's producer can write the tile order
+                wl = ops.wgmma_launch(N, K, btg, R, xt=tiled)
+                if wl is None:
+                    continue
+                wg, mw, xs, zs, mb, xt = wl
+                for epi in (0, 1):
+                    fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt)
+                    ref_fn = _kernel(K, 1, nt, ks, epi)
+                    xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                    x = to_gpu(xh)
+                    xin = to_gpu(wq.tile_activations(xh, nt)) if xt else x
+                    res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                    want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                    got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                    _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                    arr = _run_wgmma(fn, qw_d, sc_d, xin, got, N, R, nt, wg, mw, zs, ldx=K)
+                    assert not arr.any()
+                    assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                        f"N={N} K={K} btg={btg} wgmma {wl} epi={epi} R={R}: bits differ"
+                    seen.add((btg, wl))
     if not seen:
         pytest.skip(f"ops picks no wgmma_q4 launch for {N} x {K}")
     print(f"wgmma_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")

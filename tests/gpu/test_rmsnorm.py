@@ -85,3 +85,44 @@ def test_rmsnorm(mod, H, nt, R, inplace):
           f"max elementwise rel {worst:.2e}")
     assert e <= TOL_REL, f"rel err {e:.3e} > {TOL_REL:.3e}"
     assert worst <= TOL_ELEM, f"elementwise rel err {worst:.3e} > {TOL_ELEM:.3e}"
+
+
+@pytest.fixture(scope="module")
+def tiled_mod(cuda_ctx):
+    src = '#include "rmsnorm.cuh"\n'
+    for H, tnt in TILED:
+        nt = rmsnorm_threads(H)
+        src += (f'extern "C" __global__ void __launch_bounds__({nt})\n'
+                f"rms_h{H}_x{tnt}(const q38::bf16* x, const q38::bf16* w, q38::bf16* y, float eps)"
+                f" {{ q38::rmsnorm_1p<{H}, {nt}, {tnt}>(x, w, y, eps); }}\n"
+                f'extern "C" __global__ void __launch_bounds__({nt})\n'
+                f"rms_h{H}_x0_{tnt}(const q38::bf16* x, const q38::bf16* w, q38::bf16* y, float eps)"
+                f" {{ q38::rmsnorm_1p<{H}, {nt}>(x, w, y, eps); }}\n")
+    return build(src)
+
+
+TILED = [(512, 1), (5120, 8)]
+
+
+@pytest.mark.parametrize("H,tnt", TILED)
+def test_rmsnorm_tile_order(tiled_mod, H, tnt):
+    """rmsnorm_1p<H, NT, TNT> writes rmsnorm_1p's bits, each at its place in wgmma_q4's
+    activation tile order (weights.xtile_index), and nothing in the padding rows."""
+    from qwen38gen.weights import xtile_index
+
+    nt = rmsnorm_threads(H)
+    rng = np.random.default_rng([H, tnt, 5])
+    w = to_gpu(ref_ops.bf16_round(rng.normal(0.0, 0.5, size=H)).astype(BF16))
+    for R in (1, 8 * tnt - 1, 8 * tnt + 3):
+        x = to_gpu(ref_ops.bf16_round(rng.normal(size=(R, H)) * 3.0).astype(BF16))
+        rows = poisoned((R, H), BF16)
+        tiled = poisoned((-(-R // (8 * tnt)) * 8 * tnt * H,), BF16)
+        for name, y in ((f"rms_h{H}_x0_{tnt}", rows), (f"rms_h{H}_x{tnt}", tiled)):
+            tiled_mod.get_function(name)(x, w, y, np.float32(EPS), block=(nt, 1, 1), grid=(R, 1, 1))
+        r, t = rows.get().view(np.uint16), tiled.get().view(np.uint16)
+        idx = xtile_index(R, H, tnt)
+        assert np.array_equal(t[idx], r), f"R={R}: tile-order values differ"
+        rest = np.ones(t.size, bool)
+        rest[idx.ravel()] = False
+        assert np.isnan(t[rest].view(BF16).astype(np.float32)).all(), f"R={R}: padding written"
+    print(f"rmsnorm H={H} TNT={tnt}: tile order exact")
