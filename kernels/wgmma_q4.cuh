@@ -50,13 +50,14 @@
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 struct WgmmaLaunch {
   static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
   static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
   static_assert(XS >= 2 && XS <= 8, "wgmma_q4: 2 <= XS <= 8 ring stages");
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_q4: ZS must divide KS");
   static_assert(XT == 0 || XT == 1, "wgmma_q4: XT is 0 or 1");
+  static_assert(PP == 0 || (PP == 1 && XT == 1 && XS >= 3), "wgmma_q4: PP = 1 needs XT = 1, XS >= 3");
   static constexpr int x_slots = XT ? XS : 2;                   // activation tiles in smem
   static constexpr int threads = 128 * WG;
   static constexpr int rows_per_block = 64 * WG * MW;
@@ -117,6 +118,12 @@ struct Wgmma<8> {
   }
 };
 
+// A register set chosen at compile time (PP = 1 alternates two).
+template <int P>
+struct Parity {
+  static constexpr int value = P;
+};
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -139,14 +146,16 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
 // tile order.
-template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0>
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT, PP>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
-  constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1;
+  // D: groups copied ahead. PP = 1 keeps one more stage untouched: group g-1's wgmmas may still
+  // read its activation tile while group g+1 is issued.
+  constexpr int SB = L::w_stage_bytes, XB = L::x_stage_bytes, D = XS - 1 - PP;
   constexpr int XO = XS * SB;  // the activation tiles (x_slots) follow the weight ring
   extern __shared__ __align__(128) uint4 wgmma_smem[];  // [XS][weights], [x_slots][x tile], sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -245,11 +254,15 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     if (gb + 1 < ge) load_x(gb + 1);
   }
 
-  constexpr int NX = L::x_slots;
-  float acc[MW][NT][4], pt[MW][NT][4];
-  uint32_t a[MW][8][4], sw[MW];
+  // PP = 1: two register sets of A fragments, scales and partials, used by alternate groups, so
+  // group g's wgmmas are waited for only after group g+1's are issued: the barrier and the
+  // dequant of g+1 overlap g's wgmmas, g's scaling overlaps g+1's. The sets only rename.
+  constexpr int NX = L::x_slots, NB = PP ? 2 : 1;
+  float acc[MW][NT][4], pt[NB][MW][NT][4];
+  uint32_t a[NB][MW][8][4], sw[NB][MW];
   q4_zero<MW, NT>(acc);
-  q4_zero<MW, NT>(pt);
+#pragma unroll
+  for (int p = 0; p < NB; ++p) q4_zero<MW, NT>(pt[p]);
   float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(wgmma_smem) + XO + NX * XB) + tid;
   int part = pa, part_end = ((pa + 1) * NG) / KS;
   const size_t blk = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
@@ -260,12 +273,14 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   int s_use = 0, s_fill = D;  // the stage multiplied / refilled
   // Group gi: wait for its weights and activation tile, refill the ring, stage the next tile
   // (XT = 0), dequantize, issue its 8 wgmmas.
-  auto issue = [&](int gi) {
+  auto issue = [&](auto P, int gi) {
+    constexpr int p = decltype(P)::value;
     cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
     fence_proxy_async();     // this thread's activation stores visible to the tensor cores
     __syncthreads();         // ... everyone's, and group gi's activation tile; the weight stage of
-                             // group gi-1 is free, and so is its activation tile (its wgmmas
-                             // were waited for before this barrier)
+                             // group gi+D-XS (gi-1, or gi-2 with PP = 1) is free, and so is
+                             // its activation tile (its wgmmas were waited for before this
+                             // barrier)
     if (gi + D < ge) {
       load_w(s_fill, gi + D);
       if constexpr (XT) load_xt(s_fill, gi + D);
@@ -289,10 +304,10 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[b][4 * h + i][j] = q4_pair(wi[i], j);
+          for (int j = 0; j < 4; ++j) a[p][b][4 * h + i][j] = q4_pair(wi[i], j);
       }
       const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + b * 66 + 64);
-      sw[b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+      sw[p][b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
     }
     uint64_t desc[8];
 #pragma unroll
@@ -302,22 +317,23 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
       for (int b = 0; b < MW; ++b)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][k][j]));
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[p][b][k][j]));
     }
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 8; ++k)
 #pragma unroll
-      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[b], a[b][k], desc[k], k);
+      for (int b = 0; b < MW; ++b) Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
     wgmma_commit();
   };
   // Group gd's wgmmas are done: scale its partials into acc, close its part.
-  auto finish = [&](int gd) {
+  auto finish = [&](auto P, int gd) {
+    constexpr int p = decltype(P)::value;
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
-      wgmma_fence_regs<NT>(pt[b]);
-      q4_scale_add<NT>(acc[b], pt[b], sw[b]);
+      wgmma_fence_regs<NT>(pt[p][b]);
+      q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
     }
     if (KS > 1 && gd + 1 == part_end) {
       // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's
@@ -338,11 +354,38 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       part_end = ((part + 1) * NG) / KS;
     }
   };
+  using P0 = Parity<0>;
+  using P1 = Parity<PP>;
+  if constexpr (PP == 0) {
 #pragma unroll 1
-  for (int gi = gb; gi < ge; ++gi) {
-    issue(gi);
-    wgmma_wait<0>();
-    finish(gi);
+    for (int gi = gb; gi < ge; ++gi) {
+      issue(P0{}, gi);
+      wgmma_wait<0>();
+      finish(P0{}, gi);
+    }
+  } else {
+    // Steady state: issue g+1, wait for g (g+1's wgmmas left in flight), scale g.
+    issue(P0{}, gb);
+    int gi = gb + 1;
+#pragma unroll 1
+    for (; gi + 1 < ge; gi += 2) {
+      issue(P1{}, gi);
+      wgmma_wait<1>();
+      finish(P0{}, gi - 1);
+      issue(P0{}, gi + 1);
+      wgmma_wait<1>();
+      finish(P1{}, gi);
+    }
+    if (gi < ge) {
+      issue(P1{}, gi);
+      wgmma_wait<1>();
+      finish(P0{}, gi - 1);
+      wgmma_wait<0>();
+      finish(P1{}, gi);
+    } else {
+      wgmma_wait<0>();
+      finish(P0{}, gi - 1);
+    }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 

@@ -244,43 +244,50 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
 }
 # XT = 1 (the activations already in tile order, written so by the norm or SwiGLU before the
 # GEMV; each group's tile is one contiguous cp.async copy into the ring instead of loads,
-# a register transpose and shared stores): version 7's sweep, 64 rows, us per launch under PDL
-# (bench/2026-12-02-h200-v7-gemv-sweep-xt.txt), gdn.in 49.4 -> 31.4, attn.in 48.3 -> 30.9,
-# gate_up 111.5 -> 90.3, down 67.1 -> 60.4. Used where the caller's producer can write the order.
-WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
-    (64, "gate_up"): (1, 1, 4, 2),
-    (64, "in"): (1, 1, 4, 2),
-    (64, "long"): (4, 1, 3, 1),
+# a register transpose and shared stores): (WG, MW, XS, MB, PP), from version 7's sweeps, us per
+# launch under PDL. 64 rows (bench/2026-12-02-h200-v7-gemv-sweep-xt.txt): gdn.in 49.4 -> 31.4,
+# attn.in 48.3 -> 30.9, gate_up 111.5 -> 90.3, down 67.1 -> 60.4. 32 rows, with PP = 1 (two
+# register sets: a group's wgmmas run while the next is dequantized; -v7-gemv-sweep-pp.txt):
+# gdn.in 26.0 and attn.in 25.6 against gemv_q4's ~35, gate_up 68.2 against ~74. PP measured
+# within 2 % at 64 rows, so those keep PP = 0. Used where the caller's producer can write the
+# order.
+WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
+    (64, "gate_up"): (1, 1, 4, 2, 0),
+    (64, "in"): (1, 1, 4, 2, 0),
+    (64, "long"): (4, 1, 3, 1, 0),
+    (32, "gate_up"): (1, 1, 4, 2, 1),
+    (32, "in"): (1, 1, 4, 2, 1),
 }
 
 
 def wgmma_launch(rows: int, k: int, btg: int, R: int,
-                 xt: bool = False) -> tuple[int, int, int, int, int, int] | None:
-    """(WG, MW, XS, ZS, MB, XT) of the wgmma_q4 launch of a weight over R activation rows, or
-    None: wgmma_config's schedule (WGMMA_XT_TABLE's where xt, the caller able to give the
+                 xt: bool = False) -> tuple[int, int, int, int, int, int, int] | None:
+    """(WG, MW, XS, ZS, MB, XT, PP) of the wgmma_q4 launch of a weight over R activation rows,
+    or None: wgmma_config's schedule (WGMMA_XT_TABLE's where xt, the caller able to give the
     activations in tile order) and the split gemm_split gives its grid. The producer of the
     activations must write the tile order exactly when the result's XT is 1."""
-    wc = WGMMA_XT_TABLE.get((btg, _shape_kind(rows, k))) if xt else None
-    use_xt = wc is not None
-    wc = wc or wgmma_config(rows, k, btg)
-    if wc is None:
+    wx = WGMMA_XT_TABLE.get((btg, _shape_kind(rows, k))) if xt else None
+    if wx:
+        wg, mw, xs, mb, pp = wx
+    elif wgmma_config(rows, k, btg):
+        (wg, mw, xs, mb), pp = wgmma_config(rows, k, btg), 0
+    else:
         return None
-    wg, mw, xs, mb = wc
     zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
         return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
-    return wg, mw, xs, zs, mb, int(use_xt)
+    return wg, mw, xs, zs, mb, int(bool(wx)), pp
 
 
 def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
-                mb: int = 1, xt: int = 0) -> Entry:
+                mb: int = 1, xt: int = 0, pp: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = wgmma_smem(k, nt, wg, mw, xs, zs, xt)
-    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}"
+    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}"
     return Entry(name=f"q38_gemv_k{k}_wg{wg}_mw{mw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_b{mb}"
-                      + ("_t1" if xt else ""),
-                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}>",
+                      + ("_p1" if pp else "") + ("_t1" if xt else ""),
+                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>",
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
@@ -706,8 +713,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         wl = wgmma_launch(n_out, k, btg, R, xt=xt) if wgmma else None
         gl = None if wl else gemm_launch(n_out, k, btg, R)
         if wl:
-            wg, mw, xs, zs, mb, xt_ = wl
-            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_), 4 * wg * mw,
+            wg, mw, xs, zs, mb, xt_, pp = wl
+            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
         elif gl:
             mt, wr, st, zs, mb = gl

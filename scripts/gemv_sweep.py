@@ -32,17 +32,14 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # XS, ZS, MB[, XT]) of wgmma_q4 (kernels/wgmma_q4.cuh; XT = 1 is given x in tile order, made on
 # the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("w", 2, 1, 4, 1, 1), ("w", 3, 1, 4, 1, 1), ("w", 4, 1, 3, 8, 1),
-             ("w", 2, 1, 4, 1, 1, 1), ("w", 3, 1, 4, 1, 1, 1), ("w", 2, 1, 6, 1, 1, 1),
-             ("w", 4, 1, 3, 8, 1, 1), ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 1, 4, 8, 1, 1),
-             ("w", 1, 1, 4, 1, 2, 1)]),
-    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 2, 1, 4, 1, 1, 1),
-             ("w", 4, 1, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1)]),
-    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 1),
-             ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 1, 6, 1, 1, 1), ("w", 2, 2, 4, 1, 1, 1),
-             ("w", 4, 1, 3, 8, 1, 1), ("w", 4, 2, 4, 1, 1, 1)]),
-    1: (8, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("w", 2, 1, 4, 1, 1, 1),
-            ("w", 4, 1, 4, 1, 1, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1)]),
+    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 3, 1, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1),
+             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 5, 1, 2, 1, 1), ("w", 2, 1, 4, 1, 1, 1, 1),
+             ("w", 2, 1, 5, 1, 1, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1), ("w", 2, 1, 4, 4, 1, 1, 1),
+             ("w", 1, 1, 4, 8, 2, 1, 1), ("w", 1, 1, 4, 2, 2, 1, 1)]),
+    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 1, 4, 1, 1, 1), ("w", 2, 1, 4, 1, 1, 1, 1),
+             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 1, 1),
+             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1), ("w", 1, 1, 4, 1, 3, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
@@ -61,14 +58,16 @@ def ks_of(k: int) -> int:
 
 
 def wcfg(cfg):
-    """("w", WG, MW, XS, ZS, MB[, XT]) with XT (activations read in tile order) default 0."""
-    return tuple(cfg) + (0,) * (7 - len(cfg))
+    """("w", WG, MW, XS, ZS, MB[, XT[, PP]]) with XT (activations read in tile order) and PP
+    (two register sets, one group's wgmmas in flight while the next is dequantized) default 0."""
+    return tuple(cfg) + (0,) * (8 - len(cfg))
 
 
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb, xt = wcfg(cfg)
-        return f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
+        _, wg, mw, xs, zs, mb, xt, pp = wcfg(cfg)
+        return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
+                + (f"_p{pp}" if pp else ""))
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -79,7 +78,7 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, xt = wcfg(cfg)
+        _, wg, mw, xs, zs, _, xt, _ = wcfg(cfg)
         return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
@@ -91,7 +90,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, _ = wcfg(cfg)
+        _, wg, mw, xs, zs, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
@@ -121,9 +120,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, mw, xs, zs, mb, xt = wcfg(cfg)
+            _, wg, mw, xs, zs, mb, xt, pp = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"

@@ -282,18 +282,18 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
 _WGMMA: dict = {}
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt=0):
-    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, xt)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt=0, pp=0):
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp)
     if key not in _WGMMA:
-        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}_{xt}"
-        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}"
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}_{xt}_{pp}"
+        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}"
         src = f"""
 #include "wgmma_q4.cuh"
 extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}>(q, s, x, ldx, y, ldy, N,
-                                                                     R, part, arrivals);
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>(q, s, x, ldx, y, ldy,
+                                                                           N, R, part, arrivals);
 }}
 static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
 static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
@@ -366,28 +366,33 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
     print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
 
 
-# XT = 1 configs (NT, WG, MW, XS, ZS, MB): the activations in tile order, one cp.async copy per
-# group (ring stages 2 to 6, split K, 1 to 4 warpgroups, 8- to 64-row tiles).
-WGMMA_XT_CONFIGS = [(8, 1, 1, 4, 1, 2), (8, 4, 1, 3, 8, 1), (8, 2, 1, 2, 2, 1), (4, 2, 1, 4, 1, 1),
-                    (2, 1, 2, 6, 1, 1), (1, 2, 1, 3, 4, 1)]
+# XT = 1 configs (NT, WG, MW, XS, ZS, MB, PP): the activations in tile order, one cp.async copy
+# per group (ring stages 2 to 6, split K, 1 to 4 warpgroups, 8- to 64-row tiles), and PP = 1's
+# two register sets (group counts even and odd, split K, 3 stages).
+WGMMA_XT_CONFIGS = [(8, 1, 1, 4, 1, 2, 0), (8, 4, 1, 3, 8, 1, 0), (8, 2, 1, 2, 2, 1, 0),
+                    (4, 2, 1, 4, 1, 1, 0), (2, 1, 2, 6, 1, 1, 0), (1, 2, 1, 3, 4, 1, 0),
+                    (8, 1, 1, 4, 1, 2, 1), (4, 1, 1, 4, 1, 2, 1), (8, 2, 1, 3, 2, 1, 1),
+                    (2, 2, 1, 4, 8, 1, 1)]
 
 
-@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408)])
+@pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408),
+                                 (640, 1024)])
 def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
-    """wgmma_q4 with XT = 1, given x in tile order (weights.tile_activations, as the norm and
-    SwiGLU write it), gives gemv_q4's bits on the same x in rows, for partial batch tiles and
-    rows that do not fill the last warpgroup."""
+    """wgmma_q4 with XT = 1 (and PP = 0 or 1), given x in tile order (weights.tile_activations,
+    as the norm and SwiGLU write it), gives gemv_q4's bits on the same x in rows, for partial
+    batch tiles, odd and even group counts per block and rows that do not fill the last
+    warpgroup."""
     rng = np.random.default_rng([N, K, 10])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     tried = 0
-    for nt, wg, mw, xs, zs, mb in WGMMA_XT_CONFIGS:
+    for nt, wg, mw, xs, zs, mb, pp in WGMMA_XT_CONFIGS:
         if ks % zs:
             continue
         for epi in (0, 1):
             ref_fn = _kernel(K, 1, nt, ks, epi)
-            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, 1)
+            fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, 1, pp)
             for R in (1, 8 * nt, 8 * nt + 5):
                 xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
                 x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
@@ -396,7 +401,7 @@ def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
                 got = to_gpu(res) if epi else poisoned((R, N), BF16)
                 _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
                 arr = _run_wgmma(fn, qw_d, sc_d, xt, got, N, R, nt, wg, mw, zs, ldx=K)
-                cfg = (nt, wg, mw, xs, zs, mb)
+                cfg = (nt, wg, mw, xs, zs, mb, pp)
                 assert not arr.any(), f"wgmma XT {cfg}: arrival counters left {arr}"
                 assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
                     f"N={N} K={K} wgmma XT {cfg} epi={epi} R={R}: bits differ"
@@ -424,9 +429,9 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
                 wl = ops.wgmma_launch(N, K, btg, R, xt=tiled)
                 if wl is None:
                     continue
-                wg, mw, xs, zs, mb, xt = wl
+                wg, mw, xs, zs, mb, xt, pp = wl
                 for epi in (0, 1):
-                    fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt)
+                    fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp)
                     ref_fn = _kernel(K, 1, nt, ks, epi)
                     xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
                     x = to_gpu(xh)
