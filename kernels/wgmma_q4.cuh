@@ -35,6 +35,12 @@
 // group's weights, XS - 1 groups ahead, with no registers, transpose or shared stores. On the
 // H200 that took the 64-row in projections from 49 to 31 us (bench/NOTES.md, version 7).
 //
+// PP = 1 (with XT = 1): two register sets (A fragments, scales, partials) used by alternate
+// groups, so group g's wgmmas are waited for (wait_group 1) only after group g+1's are issued;
+// the ring then copies XS - 2 groups ahead, since group g-1's wgmmas may still read their stage.
+// Written as a steady-state loop over two compile-time sets, ptxas keeps the wgmmas async (no
+// C751x serialization). It wins at 32 rows (bench/NOTES.md, version 7).
+//
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
 // scratch and the `arrivals` counters, merged in part order by the last block to arrive).
 //
@@ -145,7 +151,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
-// tile order.
+// tile order; PP: two register sets in flight.
 template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,

@@ -32,24 +32,20 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # XS, ZS, MB[, XT]) of wgmma_q4 (kernels/wgmma_q4.cuh; XT = 1 is given x in tile order, made on
 # the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 3, 1, 4, 1, 1, 1), ("w", 4, 1, 3, 8, 1, 1),
-             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 5, 1, 2, 1, 1), ("w", 2, 1, 4, 1, 1, 1, 1),
-             ("w", 2, 1, 5, 1, 1, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1), ("w", 2, 1, 4, 4, 1, 1, 1),
-             ("w", 1, 1, 4, 8, 2, 1, 1), ("w", 1, 1, 4, 2, 2, 1, 1)]),
-    4: (32, [("w", 2, 2, 4, 1, 1), ("w", 2, 1, 4, 1, 1, 1), ("w", 2, 1, 4, 1, 1, 1, 1),
-             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1)]),
-    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 2, 1, 4, 1, 1, 1, 1),
-             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 2, 1, 4, 8, 1, 1, 1), ("w", 1, 1, 4, 1, 3, 1, 1)]),
+    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 4, 1, 3, 8, 1, 1), ("w", 1, 2, 4, 1, 2, 1),
+             ("w", 1, 2, 3, 1, 2, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 2, 2, 3, 1, 1, 1),
+             ("w", 1, 2, 4, 8, 2, 1), ("w", 1, 2, 4, 4, 2, 1),
+             ("w", 2, 2, 3, 8, 1, 1), ("w", 1, 2, 3, 1, 1, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
 # version 6 swept 1 and 16 rows (activations staged with the weights, -v6-gemv-sweep-xs.txt).
-# This table is the last one run (version 7, -v7-gemv-sweep-xt.txt: wgmma_q4 with XT = 1, the
-# activations in tile order, against the program's configs at 8 to 64 rows; the configs carried
-# a PP field then, for a pipelined variant measured in -v7-gemv-sweep-pp.txt and removed). The
-# experiments of versions 5 and 6 (an L2 prefetch
-# in gemv_q4, the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and
-# 4fd8ff4; bench/NOTES.md) added configs of code that is gone.
+# Version 7 swept wgmma_q4 with XT = 1 (the activations in tile order) at 8 to 64 rows
+# (-v7-gemv-sweep-xt.txt), XT with PP (-v7-gemv-sweep-xt-pp.txt; -v7-gemv-sweep-pp.txt is PP
+# alone, in code since changed) and, last, MW = 2 with XT at 64 rows: the table above
+# (-v7-gemv-sweep-mw2.txt). The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4,
+# the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4;
+# bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
 
 
