@@ -5,7 +5,7 @@
 //
 // In:  x bf16 [R, H] (rows contiguous), w bf16 [H] (zero-centred weight), eps (runtime float).
 // Out: y bf16 [R, H]; y may alias x (each thread writes only the 16-byte chunks it read).
-//      With TNT > 0, y is in wgmma_q4's activation tile order instead (common.cuh, xtile_store16).
+//      With TNT > 0, y is in wgmma_q4's activation tile order instead (common.cuh, xtile_store).
 // Base pointers 16-byte aligned.
 //
 // Launch (RmsnormLaunch holds the same numbers): grid = R, block = NT threads, no dynamic smem.
@@ -46,8 +46,17 @@ struct RmsnormLaunch {
 // rmsnorm_1p_ld: the same with row strides (elements, multiples of 8): row r is read at
 // x + r·ldx and written at y + r·ldy (the mtp lane writes RMS1p(e) and RMS1p(h) into the two
 // halves of one [R, 2H] row for the fc GEMV). rmsnorm_1p is rmsnorm_1p_ld with ldx = ldy = H.
+// The normed row in shared memory (TNT > 0): chunk i <- v for i >= 0; returns the row.
+template <int H, int TNT>
+__device__ __forceinline__ const uint4* srow_store(int i, uint4 v) {
+  __shared__ uint4 srow[H / 8];
+  if (i >= 0) srow[i] = v;
+  return srow;
+}
+
 // TNT > 0: y is written in wgmma_q4's activation tile order for batch tiles of 8·TNT rows
-// (xtile_store16, K = ldy; the next GEMV reads it with XT = 1); y must not alias x then.
+// (xtile_store, K = ldy, through shared memory; the next GEMV reads it with XT = 1); y must
+// not alias x then.
 template <int H, int NT, int TNT = 0>
 __device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16* __restrict__ w,
                                               bf16* y, int ldy, float eps) {
@@ -83,8 +92,20 @@ __device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16
       const float2 g = __bfloat1622float2(pw[i]);
       po[i] = __floats2bfloat162_rn((f.x * r) * (1.f + g.x), (f.y * r) * (1.f + g.y));
     }
-    if constexpr (TNT > 0) xtile_store16<TNT>(y, ldy, (int)row, 8 * (threadIdx.x + c * NT), out);
+    if constexpr (TNT > 0) srow_store<H, TNT>(threadIdx.x + c * NT, out);
     else yr[threadIdx.x + c * NT] = out;
+  }
+  if constexpr (TNT > 0) {
+    // The row through shared memory, so that each thread stores whole 16-byte core rows: unit u
+    // (group u / 4, k-tile u / 2 % 2, half u % 2) is the chunks 16g + 8kt + 2j + ih, j = 0..3.
+    __syncthreads();
+    const uint4* srow = srow_store<H, TNT>(-1, uint4{});
+    for (int u = threadIdx.x; u < H / 32; u += NT) {
+      const int gi = u >> 2, kt = (u >> 1) & 1, ih = u & 1;
+      const uint4 v[4] = {srow[16 * gi + 8 * kt + ih], srow[16 * gi + 8 * kt + 2 + ih],
+                          srow[16 * gi + 8 * kt + 4 + ih], srow[16 * gi + 8 * kt + 6 + ih]};
+      xtile_store<TNT>(y, ldy, (int)row, gi, kt, ih, v);
+    }
   }
 }
 

@@ -30,7 +30,7 @@
 // chains over one activation tile; other blocks on the SM fill the tensor pipe too.
 //
 // XT = 1: x is given in tile order (docs/FORMAT.md "Activation tiles", written so by the norm or
-// SwiGLU that produces it: xtile_store16 in common.cuh): tile (blockIdx.y, g) is the group's
+// SwiGLU that produces it: xtile_store in common.cuh): tile (blockIdx.y, g) is the group's
 // x_stage_bytes, contiguous, and is copied by cp.async into the weight ring's stage with the
 // group's weights, XS - 1 groups ahead, with no registers, transpose or shared stores. On the
 // H200 that took the 64-row in projections from 49 to 31 us (bench/NOTES.md, version 7).

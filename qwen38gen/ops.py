@@ -248,15 +248,19 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
 # launch under PDL. 64 rows (bench/2026-12-02-h200-v7-gemv-sweep-xt.txt): gdn.in 49.4 -> 31.4,
 # attn.in 48.3 -> 30.9, gate_up 111.5 -> 90.3, down 67.1 -> 60.4. 32 rows, with PP = 1 (two
 # register sets: a group's wgmmas run while the next is dequantized; -v7-gemv-sweep-pp.txt):
-# gdn.in 26.0 and attn.in 25.6 against gemv_q4's ~35, gate_up 68.2 against ~74. PP measured
-# within 2 % at 64 rows, so those keep PP = 0. Used where the caller's producer can write the
-# order.
+# gdn.in 26.0 and attn.in 25.6 against gemv_q4's ~35, gate_up 68.2 against ~74. At 64 rows PP
+# measured within 2 % (gate_up 85.7 against 87.1 and 89.1 in two runs; the in projections 2 us
+# slower), so only gate_up takes it there. The lm_head (decode steps of lanes without mtp, where
+# the final norm feeds it directly): 441-443 us against gemm_q4's ~556 at 64 rows, 320 against
+# 370 at 32. Used where the caller's producer can write the order.
 WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
-    (64, "gate_up"): (1, 1, 4, 2, 0),
+    (64, "gate_up"): (1, 1, 4, 2, 1),
     (64, "in"): (1, 1, 4, 2, 0),
     (64, "long"): (4, 1, 3, 1, 0),
+    (64, "lm_head"): (1, 1, 4, 2, 0),
     (32, "gate_up"): (1, 1, 4, 2, 1),
     (32, "in"): (1, 1, 4, 2, 1),
+    (32, "lm_head"): (2, 1, 4, 1, 0),
 }
 
 
@@ -555,7 +559,13 @@ def swiglu_entry(f: int, tnt: int = 0) -> Entry:
     """SwiGLU; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
     return Entry(f"q38_swiglu_f{f}" + (f"_t{tnt}" if tnt else ""), f"q38::swiglu<{f}, {tnt}>",
                  ((BF, "gu"), ("q38::bf16*", "h")), 256,
-                 asserts=(f"q38::SwigluLaunch<{f}>::threads == 256",))
+                 asserts=(f"q38::SwigluLaunch<{f}, {tnt}>::threads == 256",
+                          f"q38::SwigluLaunch<{f}, {tnt}>::grid_x == {swiglu_grid_x(f, tnt)}"))
+
+
+def swiglu_grid_x(f: int, tnt: int = 0) -> int:
+    """grid.x of a swiglu launch (SwigluLaunch::grid_x): 8 columns per thread, 32 in tile order."""
+    return cdiv(f // (32 if tnt else 8), 256)
 
 
 def argmax_entry(v: int) -> Entry:
@@ -745,7 +755,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
         tnt = tiled_input(wname, R)
         sw = plan.entry(swiglu_entry(F, tnt))
-        return [{"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
+        return [{"k": sw.name, "grid": [swiglu_grid_x(F, tnt), R, 1],
                  "args": [buf("gu"), buf("act")]},
                 gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
@@ -804,7 +814,11 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
             s += normed_gemv(p + "post_attention_layernorm.weight", f"L{i}.gate_up", "gu", 2 * F, R)
             s += swiglu_down(f"L{i}.down", R)
-        s.append({"k": norm.name, "grid": [R, 1, 1],
+        # A decode step of a lane without mtp feeds the final norm straight to the lm_head,
+        # so it may write the tile order; elsewhere the gather or the mtp layer reads it in rows.
+        tnt = tiled_input("lm_head", B) if pt == 1 and not verify and not K else 0
+        fnorm = plan.entry(rmsnorm_entry(H, tnt))
+        s.append({"k": fnorm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "model.language_model.norm.weight"], buf("h"),
                            ["f32", eps]]})
         am = plan.entry(argmax_entry(V))
@@ -819,7 +833,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                 s.append({"k": gl.name, "grid": [B, 1, 1],
                           "args": [buf("h"), buf("ntok"), buf("hlast")]})
                 src = "hlast"
-            s.append(gemv("lm_head", src, "logits", V, B, 0))
+            s.append(gemv("lm_head", src, "logits", V, B, 0, xt=bool(tnt)))
             s.append({"k": am.name, "grid": [B, 1, 1],
                       "args": [buf("logits"), buf("next"), buf("nextval")]})
         if advance:

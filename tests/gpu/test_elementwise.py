@@ -41,7 +41,7 @@ def _entries():
         e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
                   f"q38::swiglu<{f}>(gu, h)"))
         for nt in TILE_NT:
-            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
+            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}, {nt}>", "(const bf16* gu, bf16* h)",
                       f"q38::swiglu<{f}, {nt}>(gu, h)"))
     for dn, (ct, _) in DTYPES.items():
         for v in VOCAB:
@@ -68,7 +68,7 @@ def _kernel(name: str):
         src = ['#include "elementwise.cuh"', "using q38::bf16;"]
         for n, launch, sig, call in _entries():
             src.append(f'extern "C" __constant__ int threads_{n} = {launch}::threads;')
-            src.append(f'extern "C" __global__ void __launch_bounds__({launch}::threads)\n'
+            src.append(f'extern "C" __global__ void __launch_bounds__(({launch}::threads))\n'
                        f"{n}{sig} {{ {call}; }}")
         mod = build("\n".join(src) + "\n")
         for n, *_ in _entries():
@@ -100,7 +100,8 @@ def _gpu_swiglu(gu, F, tile_nt=0):
     R = gu.shape[0]
     gu_d = to_gpu(gu)
     h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,) if tile_nt else (R, F), BF16)
-    fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // 8) // nt), R))
+    cols = 32 if tile_nt else 8   # per thread (SwigluLaunch::columns)
+    fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // cols) // nt), R))
     return h.get()
 
 
