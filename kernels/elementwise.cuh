@@ -15,7 +15,7 @@
 //
 // Launch shapes (no dynamic smem anywhere; every grid is given next to its Launch struct):
 //   EmbedLaunch<HD>     grid R,                                   block threads
-//   SwigluLaunch<F, T>  grid (ceil(F/columns / threads), R),      block threads (columns 8, 32 if T)
+//   SwigluLaunch<F>     grid (ceil(F/8 / threads), R),            block threads
 //   ResidualLaunch<W>   grid ceil(R·W/8 / threads),               block threads
 //   ArgmaxLaunch<T, V>  grid R,                                   block threads
 //   TopkLaunch<T, V, K> grid R,                                   block threads
@@ -44,13 +44,13 @@ __device__ __forceinline__ void embed_gather(const bf16* __restrict__ E, const i
   for (int i = threadIdx.x; i < HD / 8; i += EmbedLaunch<HD>::threads) dst[i] = __ldg(src + i);
 }
 
-template <int F, int TNT = 0>
+template <int F>
 struct SwigluLaunch {
   static constexpr int threads = 256;
-  static constexpr int columns = TNT ? 32 : 8;                         // per thread
-  static constexpr int grid_x = (F / columns + threads - 1) / threads;  // grid = (grid_x, R)
+  static constexpr int grid_x = (F / 8 + threads - 1) / threads;  // grid = (grid_x, R)
 };
 
+// One 16-byte chunk: bf16(silu(g) · u) of the 8 columns at g_at / u_at.
 __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
   float g[8], u[8];
   unpack_bf16x8(ldg16(g_at), g);
@@ -60,29 +60,40 @@ __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
   return pack_bf16x8(g);
 }
 
-// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows. Thread v then
-// takes the four chunks of one core row (group v / 4, k-tile v / 2 % 2, half v % 2) and stores
-// them as four 16-byte rows (xtile_store); consecutive threads still read consecutive
-// 16-byte chunks in pairs.
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int i) {
+  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows. Each thread
+// still computes one 16-byte chunk; the four lanes that hold the chunks j = 0..3 of one (group,
+// k-tile, half) (lane bits 1-2 = j) transpose their words by shuffles, so that lane j holds word
+// j of all four, core row t = j, and stores it whole (common.cuh, xtile_row).
 template <int F, int TNT = 0>
 __device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
   static_assert(F % 8 == 0 && (TNT == 0 || F % 128 == 0), "swiglu: F must be a multiple of 8 "
                 "(of 128 in tile order)");
-  using L = SwigluLaunch<F, TNT>;
-  const int v = blockIdx.x * L::threads + threadIdx.x;  // L::columns columns per thread
-  if (v >= F / L::columns) return;
+  const int v = blockIdx.x * SwigluLaunch<F>::threads + threadIdx.x;  // 8 columns per thread
   const int r = blockIdx.y;
   const bf16* row = gu + (size_t)r * 2 * F;
   if constexpr (TNT > 0) {
-    const int gi = v >> 2, kt = (v >> 1) & 1, ih = v & 1;
-    uint4 c[4];
+    // Whole quads take part in the shuffles; F / 8 is a multiple of 16, so a lane past it has
+    // its quad past it too: it reads the last chunk and stores nothing.
+    const bool live = v < F / 8;
+    const int c = live ? v : F / 8 - 1;
+    const uint4 x = swiglu8(row + 8 * c, row + F + 8 * c);
+    const int gi = c >> 4, kt = (c >> 3) & 1, j = (c >> 1) & 3, ih = c & 1;
+    const int lane = threadIdx.x & 31;
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    uint32_t got[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 128 * gi + 64 * kt + 16 * j + 8 * ih;
-      c[j] = swiglu8(row + col, row + F + col);
-    }
-    xtile_store<TNT>(h, F, r, gi, kt, ih, c);
+    for (int k = 0; k < 4; ++k)  // receive from chunk (j - k) & 3 its word j
+      got[k] = __shfl_sync(0xffffffffu, pick4(w, (j + k) & 3), (lane & ~6) | (((j - k) & 3) << 1));
+    if (live)
+      *xtile_row<TNT>(h, F, r, gi, kt, ih, j) =
+          make_uint4(pick4(got, j & 3), pick4(got, (j - 1) & 3), pick4(got, (j - 2) & 3),
+                     pick4(got, (j - 3) & 3));
   } else {
+    if (v >= F / 8) return;
     *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = swiglu8(row + 8 * v, row + F + 8 * v);
   }
 }
