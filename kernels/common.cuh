@@ -126,6 +126,21 @@ __device__ __forceinline__ void xtile_store(bf16* base, int K, int r, int gi, in
   *xtile_row<NT>(base, K, r, gi, h, ih, 3) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
 }
 
+// One chunk at a time (column col % 8 == 0 of row r): its four words, 4-byte stores.
+template <int NT>
+__device__ __forceinline__ void xtile_store_chunk(bf16* base, int K, int r, int col, uint4 v) {
+  constexpr int btg = 8 * NT;
+  const int rb = r / btg, n = r % btg, nb = n >> 3, n8 = n & 7;
+  const int gi = col >> 7, c = (col & 127) >> 3;  // chunk c = 0..15 of the group
+  const int h = c >> 3, ih = c & 1, j = (c >> 1) & 3;
+  char* t = reinterpret_cast<char*>(base) + ((size_t)rb * (K >> 7) + gi) * (2048 * NT) +
+            ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16 + j * 4;
+  *reinterpret_cast<uint32_t*>(t) = v.x;                      // t = 0: k-step +0, half 0
+  *reinterpret_cast<uint32_t*>(t + 128) = v.y;                // t = 1: half 1
+  *reinterpret_cast<uint32_t*>(t + NT * 256) = v.z;           // t = 2: k-step +1, half 0
+  *reinterpret_cast<uint32_t*>(t + NT * 256 + 128) = v.w;     // t = 3: k-step +1, half 1
+}
+
 // Eight bf16 (one 16-byte vector, element 0 in the low half of .x) -> fp32, exactly.
 __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};

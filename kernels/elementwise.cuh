@@ -4,7 +4,7 @@
 //                 (tok[r] must lie in [0, V); not checked)
 //   swiglu        h[r, f] = bf16(silu(g) · u), g = gu[r, f], u = gu[r, F + f]
 //                                                         gu bf16 [R, 2F] -> h bf16 [R, F]
-//                 (or, TNT > 0, h in wgmma_q4's activation tile order: common.cuh, xtile_store)
+//                 (or, TNT > 0, h in wgmma_q4's activation tile order: common.cuh, xtile_store_chunk)
 //   residual_add  x[r, c] = bf16(x[r, c] + y[r, c])        x, y bf16 [R, W], x in place (HF adds in bf16)
 //   argmax_rows   idx[r] = argmax_c l[r, c], val[r] = l[r, idx[r]]   l T [R, V] (T = bf16 or float)
 //                 -> idx int32 [R], val fp32 [R]; ties go to the smallest index (numpy argmax).
@@ -50,52 +50,23 @@ struct SwigluLaunch {
   static constexpr int grid_x = (F / 8 + threads - 1) / threads;  // grid = (grid_x, R)
 };
 
-// One 16-byte chunk: bf16(silu(g) · u) of the 8 columns at g_at / u_at.
-__device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
-  float g[8], u[8];
-  unpack_bf16x8(ldg16(g_at), g);
-  unpack_bf16x8(ldg16(u_at), u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
-  return pack_bf16x8(g);
-}
-
-__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int i) {
-  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
-
-// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows. Each thread
-// still computes one 16-byte chunk; the four lanes that hold the chunks j = 0..3 of one (group,
-// k-tile, half) (lane bits 1-2 = j) transpose their words by shuffles, so that lane j holds word
-// j of all four, core row t = j, and stores it whole (common.cuh, xtile_row).
+// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows, one chunk's four
+// words by 4-byte stores (xtile_store_chunk). Whole 16-byte core rows per store measured slower
+// at B = 64, both by threads of four chunks and by a shuffle transpose (bench/NOTES.md, version 7).
 template <int F, int TNT = 0>
 __device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
-  static_assert(F % 8 == 0 && (TNT == 0 || F % 128 == 0), "swiglu: F must be a multiple of 8 "
-                "(of 128 in tile order)");
+  static_assert(F % 8 == 0, "swiglu: F must be a multiple of 8");
   const int v = blockIdx.x * SwigluLaunch<F>::threads + threadIdx.x;  // 8 columns per thread
+  if (v >= F / 8) return;
   const int r = blockIdx.y;
   const bf16* row = gu + (size_t)r * 2 * F;
-  if constexpr (TNT > 0) {
-    // Whole quads take part in the shuffles; F / 8 is a multiple of 16, so a lane past it has
-    // its quad past it too: it reads the last chunk and stores nothing.
-    const bool live = v < F / 8;
-    const int c = live ? v : F / 8 - 1;
-    const uint4 x = swiglu8(row + 8 * c, row + F + 8 * c);
-    const int gi = c >> 4, kt = (c >> 3) & 1, j = (c >> 1) & 3, ih = c & 1;
-    const int lane = threadIdx.x & 31;
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    uint32_t got[4];
+  float g[8], u[8];
+  unpack_bf16x8(ldg16(row + 8 * v), g);
+  unpack_bf16x8(ldg16(row + F + 8 * v), u);
 #pragma unroll
-    for (int k = 0; k < 4; ++k)  // receive from chunk (j - k) & 3 its word j
-      got[k] = __shfl_sync(0xffffffffu, pick4(w, (j + k) & 3), (lane & ~6) | (((j - k) & 3) << 1));
-    if (live)
-      *xtile_row<TNT>(h, F, r, gi, kt, ih, j) =
-          make_uint4(pick4(got, j & 3), pick4(got, (j - 1) & 3), pick4(got, (j - 2) & 3),
-                     pick4(got, (j - 3) & 3));
-  } else {
-    if (v >= F / 8) return;
-    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = swiglu8(row + 8 * v, row + F + 8 * v);
-  }
+  for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
+  if constexpr (TNT > 0) xtile_store_chunk<TNT>(h, F, r, 8 * v, pack_bf16x8(g));
+  else *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
 }
 
 template <int W>
