@@ -69,6 +69,53 @@ __device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __rest
   else *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
 }
 
+// swiglu_tiled: the tile-order output by whole lines. Warp w of block x takes unit
+// u = 8x + w (group u / 2, k-tile u % 2: 64 columns) of 4 rows (4·blockIdx.y + lane / 8); lane
+// l reads chunk l % 8 of the unit (the 8 lanes of a row read 128 contiguous bytes), the four
+// lanes of one core row (lane bits 1-2 = j) transpose their words by shuffles, and lane j stores
+// core row j of its row, so the 4 rows' lanes of one (j, half) fill 64 contiguous bytes. Rows
+// past R read row R-1 and store nothing.
+// One 16-byte chunk: bf16(silu(g) · u) of the 8 columns at g_at / u_at (swiglu's arithmetic).
+__device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
+  float g[8], u[8];
+  unpack_bf16x8(ldg16(g_at), g);
+  unpack_bf16x8(ldg16(u_at), u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
+  return pack_bf16x8(g);
+}
+
+template <int F>
+struct SwigluTileLaunch {
+  static constexpr int threads = 256;
+  static constexpr int grid_x = (F / 64 + 7) / 8;  // grid = (grid_x, ceil(R / 4))
+};
+
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int i) {
+  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+template <int F, int TNT>
+__device__ __forceinline__ void swiglu_tiled(const bf16* __restrict__ gu, bf16* __restrict__ h, int R) {
+  static_assert(F % 128 == 0 && TNT > 0, "swiglu_tiled: F must be a multiple of 128");
+  const int lane = threadIdx.x & 31, unit = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (unit >= F / 64) return;  // whole warps: the shuffles below see all 32 lanes
+  const int r0 = blockIdx.y * 4 + (lane >> 3);
+  const bool live = r0 < R;
+  const int r = live ? r0 : R - 1;
+  const int gi = unit >> 1, kt = unit & 1, j = (lane >> 1) & 3, ih = lane & 1;
+  const bf16* row = gu + (size_t)r * 2 * F + 64 * unit + 8 * (lane & 7);
+  const uint4 x = swiglu8(row, row + F);
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  uint32_t got[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)  // receive from chunk (j - k) & 3 of this core row its word j
+    got[k] = __shfl_sync(0xffffffffu, pick4(w, (j + k) & 3), (lane & ~6) | (((j - k) & 3) << 1));
+  if (live)
+    *xtile_row<TNT>(h, F, r, gi, kt, ih, j) =
+        make_uint4(pick4(got, j), pick4(got, (j - 1) & 3), pick4(got, (j - 2) & 3), pick4(got, (j - 3) & 3));
+}
+
 template <int W>
 struct ResidualLaunch {
   static constexpr int threads = 256;  // grid = ceil(R*W/8 / threads)

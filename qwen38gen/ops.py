@@ -556,10 +556,20 @@ def embed_entry(h: int) -> Entry:
 
 
 def swiglu_entry(f: int, tnt: int = 0) -> Entry:
-    """SwiGLU; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
-    return Entry(f"q38_swiglu_f{f}" + (f"_t{tnt}" if tnt else ""), f"q38::swiglu<{f}, {tnt}>",
-                 ((BF, "gu"), ("q38::bf16*", "h")), 256,
+    """SwiGLU; tnt > 0: swiglu_tiled, the output in wgmma_q4's activation tile order for
+    8·tnt-row tiles (it takes R: grid.y covers 4 rows per block)."""
+    if tnt:
+        return Entry(f"q38_swiglu_f{f}_t{tnt}", f"q38::swiglu_tiled<{f}, {tnt}>",
+                     ((BF, "gu"), ("q38::bf16*", "h"), ("int", "R")), 256,
+                     asserts=(f"q38::SwigluTileLaunch<{f}>::threads == 256",
+                              f"q38::SwigluTileLaunch<{f}>::grid_x == {swiglu_tile_grid_x(f)}"))
+    return Entry(f"q38_swiglu_f{f}", f"q38::swiglu<{f}>", ((BF, "gu"), ("q38::bf16*", "h")), 256,
                  asserts=(f"q38::SwigluLaunch<{f}>::threads == 256",))
+
+
+def swiglu_tile_grid_x(f: int) -> int:
+    """grid.x of swiglu_tiled (SwigluTileLaunch::grid_x): 8 units of 64 columns per block."""
+    return cdiv(f // 64, 8)
 
 
 def argmax_entry(v: int) -> Entry:
@@ -749,8 +759,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
         tnt = tiled_input(wname, R)
         sw = plan.entry(swiglu_entry(F, tnt))
-        return [{"k": sw.name, "grid": [cdiv(F // 8, 256), R, 1],
-                 "args": [buf("gu"), buf("act")]},
+        sw_launch = ({"grid": [swiglu_tile_grid_x(F), cdiv(R, 4), 1],
+                      "args": [buf("gu"), buf("act"), ["i32", R]]} if tnt else
+                     {"grid": [cdiv(F // 8, 256), R, 1], "args": [buf("gu"), buf("act")]})
+        return [{"k": sw.name, **sw_launch},
                 gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",

@@ -42,8 +42,8 @@ def _entries():
         e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
                   f"q38::swiglu<{f}>(gu, h)"))
         for nt in TILE_NT:
-            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
-                      f"q38::swiglu<{f}, {nt}>(gu, h)"))
+            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluTileLaunch<{f}>",
+                      "(const bf16* gu, bf16* h, int R)", f"q38::swiglu_tiled<{f}, {nt}>(gu, h, R)"))
     for dn, (ct, _) in DTYPES.items():
         for v in VOCAB:
             e.append((f"argmax_{dn}_{v}", f"q38::ArgmaxLaunch<{ct}, {v}>",
@@ -100,8 +100,13 @@ def _gpu_swiglu(gu, F, tile_nt=0):
     fn, nt = _kernel(f"swiglu_{F}" + (f"_t{tile_nt}" if tile_nt else ""))
     R = gu.shape[0]
     gu_d = to_gpu(gu)
-    h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,) if tile_nt else (R, F), BF16)
-    fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // 8) // nt), R))
+    if tile_nt:   # swiglu_tiled: 8 units of 64 columns per block, 4 rows
+        h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,), BF16)
+        fn(gu_d.gpudata, h.gpudata, np.int32(R), block=(nt, 1, 1),
+           grid=(-(-(F // 64) // 8), -(-R // 4)))
+    else:
+        h = poisoned((R, F), BF16)
+        fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // 8) // nt), R))
     return h.get()
 
 
@@ -241,7 +246,7 @@ def test_advance_pos(cuda_ctx, B):
 @pytest.mark.parametrize("F", TILE_FF)
 @pytest.mark.parametrize("tile_nt", TILE_NT)
 def test_swiglu_tile_order(cuda_ctx, F, tile_nt):
-    """swiglu<F, TNT> writes the same bits as swiglu<F>, each at its place in wgmma_q4's
+    """swiglu_tiled<F, TNT> writes the same bits as swiglu<F>, each at its place in wgmma_q4's
     activation tile order (weights.xtile_index), and nothing in the padding rows."""
     from qwen38gen.weights import xtile_index
 
