@@ -107,38 +107,19 @@ namespace q38 {
 // contiguous bytes, the group's B operand exactly as wgmma_q4 reads it from shared memory.
 // Word t (columns 2t, 2t+1) of the 16-byte chunk at column 128·gi + 64·h + 16·j + 8·ih of row
 // r goes to k-step 4h + 2ih + t/2, half t%2, core row n8 of n-block nb, word j. So the four
-// chunks j = 0..3 of one (gi, h, ih) fill four whole 16-byte core rows, one per t: xtile_row is
-// the address of row t, xtile_store stores all four (chunk j in v[j]).
-template <int NT>
-__device__ __forceinline__ uint4* xtile_row(bf16* base, int K, int r, int gi, int h, int ih, int t) {
-  constexpr int btg = 8 * NT;
-  const int rb = r / btg, n = r % btg, nb = n >> 3, n8 = n & 7;
-  return reinterpret_cast<uint4*>(reinterpret_cast<char*>(base) +
-                                  ((size_t)rb * (K >> 7) + gi) * (2048 * NT) +
-                                  ((4 * h + 2 * ih + t / 2) * NT + nb) * 256 + (t % 2) * 128 + n8 * 16);
-}
+// chunks j = 0..3 of one (gi, h, ih) fill four whole 16-byte core rows, one per t: this stores
+// them (chunk j in v[j]).
 template <int NT>
 __device__ __forceinline__ void xtile_store(bf16* base, int K, int r, int gi, int h, int ih,
                                             const uint4 (&v)[4]) {
-  *xtile_row<NT>(base, K, r, gi, h, ih, 0) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
-  *xtile_row<NT>(base, K, r, gi, h, ih, 1) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
-  *xtile_row<NT>(base, K, r, gi, h, ih, 2) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
-  *xtile_row<NT>(base, K, r, gi, h, ih, 3) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
-}
-
-// One chunk at a time (column col % 8 == 0 of row r): its four words, 4-byte stores.
-template <int NT>
-__device__ __forceinline__ void xtile_store_chunk(bf16* base, int K, int r, int col, uint4 v) {
   constexpr int btg = 8 * NT;
   const int rb = r / btg, n = r % btg, nb = n >> 3, n8 = n & 7;
-  const int gi = col >> 7, c = (col & 127) >> 3;  // chunk c = 0..15 of the group
-  const int h = c >> 3, ih = c & 1, j = (c >> 1) & 3;
   char* t = reinterpret_cast<char*>(base) + ((size_t)rb * (K >> 7) + gi) * (2048 * NT) +
-            ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16 + j * 4;
-  *reinterpret_cast<uint32_t*>(t) = v.x;                      // t = 0: k-step +0, half 0
-  *reinterpret_cast<uint32_t*>(t + 128) = v.y;                // t = 1: half 1
-  *reinterpret_cast<uint32_t*>(t + NT * 256) = v.z;           // t = 2: k-step +1, half 0
-  *reinterpret_cast<uint32_t*>(t + NT * 256 + 128) = v.w;     // t = 3: k-step +1, half 1
+            ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16;
+  *reinterpret_cast<uint4*>(t) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);                 // t = 0
+  *reinterpret_cast<uint4*>(t + 128) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);           // t = 1
+  *reinterpret_cast<uint4*>(t + NT * 256) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);      // t = 2
+  *reinterpret_cast<uint4*>(t + NT * 256 + 128) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
 }
 
 // Eight bf16 (one 16-byte vector, element 0 in the low half of .x) -> fp32, exactly.

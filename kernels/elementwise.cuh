@@ -4,7 +4,7 @@
 //                 (tok[r] must lie in [0, V); not checked)
 //   swiglu        h[r, f] = bf16(silu(g) · u), g = gu[r, f], u = gu[r, F + f]
 //                                                         gu bf16 [R, 2F] -> h bf16 [R, F]
-//                 (or, TNT > 0, h in wgmma_q4's activation tile order: common.cuh, xtile_store_chunk)
+//                 (or, TNT > 0, h in wgmma_q4's activation tile order: common.cuh, xtile_store)
 //   residual_add  x[r, c] = bf16(x[r, c] + y[r, c])        x, y bf16 [R, W], x in place (HF adds in bf16)
 //   argmax_rows   idx[r] = argmax_c l[r, c], val[r] = l[r, idx[r]]   l T [R, V] (T = bf16 or float)
 //                 -> idx int32 [R], val fp32 [R]; ties go to the smallest index (numpy argmax).
@@ -15,7 +15,7 @@
 //
 // Launch shapes (no dynamic smem anywhere; every grid is given next to its Launch struct):
 //   EmbedLaunch<HD>     grid R,                                   block threads
-//   SwigluLaunch<F>     grid (ceil(F/8 / threads), R),            block threads
+//   SwigluLaunch<F, T>  grid (ceil(F/columns / threads), R),      block threads (columns 8, 32 if T)
 //   ResidualLaunch<W>   grid ceil(R·W/8 / threads),               block threads
 //   ArgmaxLaunch<T, V>  grid R,                                   block threads
 //   TopkLaunch<T, V, K> grid R,                                   block threads
@@ -44,38 +44,13 @@ __device__ __forceinline__ void embed_gather(const bf16* __restrict__ E, const i
   for (int i = threadIdx.x; i < HD / 8; i += EmbedLaunch<HD>::threads) dst[i] = __ldg(src + i);
 }
 
-template <int F>
+template <int F, int TNT = 0>
 struct SwigluLaunch {
   static constexpr int threads = 256;
-  static constexpr int grid_x = (F / 8 + threads - 1) / threads;  // grid = (grid_x, R)
+  static constexpr int columns = TNT ? 32 : 8;                         // per thread
+  static constexpr int grid_x = (F / columns + threads - 1) / threads;  // grid = (grid_x, R)
 };
 
-// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows, one chunk's four
-// words by 4-byte stores (xtile_store_chunk). Whole 16-byte core rows per store measured slower
-// at B = 64, both by threads of four chunks and by a shuffle transpose (bench/NOTES.md, version 7).
-template <int F, int TNT = 0>
-__device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
-  static_assert(F % 8 == 0, "swiglu: F must be a multiple of 8");
-  const int v = blockIdx.x * SwigluLaunch<F>::threads + threadIdx.x;  // 8 columns per thread
-  if (v >= F / 8) return;
-  const int r = blockIdx.y;
-  const bf16* row = gu + (size_t)r * 2 * F;
-  float g[8], u[8];
-  unpack_bf16x8(ldg16(row + 8 * v), g);
-  unpack_bf16x8(ldg16(row + F + 8 * v), u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) g[i] = siluf_(g[i]) * u[i];
-  if constexpr (TNT > 0) xtile_store_chunk<TNT>(h, F, r, 8 * v, pack_bf16x8(g));
-  else *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = pack_bf16x8(g);
-}
-
-// swiglu_tiled: the tile-order output by whole lines. Warp w of block x takes unit
-// u = 8x + w (group u / 2, k-tile u % 2: 64 columns) of 4 rows (4·blockIdx.y + lane / 8); lane
-// l reads chunk l % 8 of the unit (the 8 lanes of a row read 128 contiguous bytes), the four
-// lanes of one core row (lane bits 1-2 = j) transpose their words by shuffles, and lane j stores
-// core row j of its row, so the 4 rows' lanes of one (j, half) fill 64 contiguous bytes. Rows
-// past R read row R-1 and store nothing.
-// One 16-byte chunk: bf16(silu(g) · u) of the 8 columns at g_at / u_at (swiglu's arithmetic).
 __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
   float g[8], u[8];
   unpack_bf16x8(ldg16(g_at), g);
@@ -85,35 +60,31 @@ __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
   return pack_bf16x8(g);
 }
 
-template <int F>
-struct SwigluTileLaunch {
-  static constexpr int threads = 256;
-  static constexpr int grid_x = (F / 64 + 7) / 8;  // grid = (grid_x, ceil(R / 4))
-};
-
-__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int i) {
-  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
-
-template <int F, int TNT>
-__device__ __forceinline__ void swiglu_tiled(const bf16* __restrict__ gu, bf16* __restrict__ h, int R) {
-  static_assert(F % 128 == 0 && TNT > 0, "swiglu_tiled: F must be a multiple of 128");
-  const int lane = threadIdx.x & 31, unit = blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (unit >= F / 64) return;  // whole warps: the shuffles below see all 32 lanes
-  const int r0 = blockIdx.y * 4 + (lane >> 3);
-  const bool live = r0 < R;
-  const int r = live ? r0 : R - 1;
-  const int gi = unit >> 1, kt = unit & 1, j = (lane >> 1) & 3, ih = lane & 1;
-  const bf16* row = gu + (size_t)r * 2 * F + 64 * unit + 8 * (lane & 7);
-  const uint4 x = swiglu8(row, row + F);
-  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-  uint32_t got[4];
+// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows. Thread v then
+// takes the four chunks of one core row (group v / 4, k-tile v / 2 % 2, half v % 2) and stores
+// them as four 16-byte rows (xtile_store); consecutive threads still read consecutive
+// 16-byte chunks in pairs.
+template <int F, int TNT = 0>
+__device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
+  static_assert(F % 8 == 0 && (TNT == 0 || F % 128 == 0), "swiglu: F must be a multiple of 8 "
+                "(of 128 in tile order)");
+  using L = SwigluLaunch<F, TNT>;
+  const int v = blockIdx.x * L::threads + threadIdx.x;  // L::columns columns per thread
+  if (v >= F / L::columns) return;
+  const int r = blockIdx.y;
+  const bf16* row = gu + (size_t)r * 2 * F;
+  if constexpr (TNT > 0) {
+    const int gi = v >> 2, kt = (v >> 1) & 1, ih = v & 1;
+    uint4 c[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k)  // receive from chunk (j - k) & 3 of this core row its word j
-    got[k] = __shfl_sync(0xffffffffu, pick4(w, (j + k) & 3), (lane & ~6) | (((j - k) & 3) << 1));
-  if (live)
-    *xtile_row<TNT>(h, F, r, gi, kt, ih, j) =
-        make_uint4(pick4(got, j), pick4(got, (j - 1) & 3), pick4(got, (j - 2) & 3), pick4(got, (j - 3) & 3));
+    for (int j = 0; j < 4; ++j) {
+      const int col = 128 * gi + 64 * kt + 16 * j + 8 * ih;
+      c[j] = swiglu8(row + col, row + F + col);
+    }
+    xtile_store<TNT>(h, F, r, gi, kt, ih, c);
+  } else {
+    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = swiglu8(row + 8 * v, row + F + 8 * v);
+  }
 }
 
 template <int W>

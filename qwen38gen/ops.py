@@ -556,20 +556,16 @@ def embed_entry(h: int) -> Entry:
 
 
 def swiglu_entry(f: int, tnt: int = 0) -> Entry:
-    """SwiGLU; tnt > 0: swiglu_tiled, the output in wgmma_q4's activation tile order for
-    8·tnt-row tiles (it takes R: grid.y covers 4 rows per block)."""
-    if tnt:
-        return Entry(f"q38_swiglu_f{f}_t{tnt}", f"q38::swiglu_tiled<{f}, {tnt}>",
-                     ((BF, "gu"), ("q38::bf16*", "h"), ("int", "R")), 256,
-                     asserts=(f"q38::SwigluTileLaunch<{f}>::threads == 256",
-                              f"q38::SwigluTileLaunch<{f}>::grid_x == {swiglu_tile_grid_x(f)}"))
-    return Entry(f"q38_swiglu_f{f}", f"q38::swiglu<{f}>", ((BF, "gu"), ("q38::bf16*", "h")), 256,
-                 asserts=(f"q38::SwigluLaunch<{f}>::threads == 256",))
+    """SwiGLU; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
+    return Entry(f"q38_swiglu_f{f}" + (f"_t{tnt}" if tnt else ""), f"q38::swiglu<{f}, {tnt}>",
+                 ((BF, "gu"), ("q38::bf16*", "h")), 256,
+                 asserts=(f"q38::SwigluLaunch<{f}, {tnt}>::threads == 256",
+                          f"q38::SwigluLaunch<{f}, {tnt}>::grid_x == {swiglu_grid_x(f, tnt)}"))
 
 
-def swiglu_tile_grid_x(f: int) -> int:
-    """grid.x of swiglu_tiled (SwigluTileLaunch::grid_x): 8 units of 64 columns per block."""
-    return cdiv(f // 64, 8)
+def swiglu_grid_x(f: int, tnt: int = 0) -> int:
+    """grid.x of a swiglu launch (SwigluLaunch::grid_x): 8 columns per thread, 32 in tile order."""
+    return cdiv(f // (32 if tnt else 8), 256)
 
 
 def argmax_entry(v: int) -> Entry:
@@ -759,10 +755,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
         tnt = tiled_input(wname, R)
         sw = plan.entry(swiglu_entry(F, tnt))
-        sw_launch = ({"grid": [swiglu_tile_grid_x(F), cdiv(R, 4), 1],
-                      "args": [buf("gu"), buf("act"), ["i32", R]]} if tnt else
-                     {"grid": [cdiv(F // 8, 256), R, 1], "args": [buf("gu"), buf("act")]})
-        return [{"k": sw.name, **sw_launch},
+        return [{"k": sw.name, "grid": [swiglu_grid_x(F, tnt), R, 1],
+                 "args": [buf("gu"), buf("act")]},
                 gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",

@@ -24,7 +24,6 @@ ROWS = [1, 3, 17]
 HD = [512, 5120]             # hidden: tiny, 27B
 TILE_NT = [1, 8]             # wgmma_q4's activation tile order (XT = 1): 8- and 64-row tiles
 FF = [1024, 17408]           # intermediate: tiny, 27B
-TILE_FF = FF + [384]         # 384: 48 chunks a row, the last warp half past the row
 VOCAB = [1024, 248320]       # vocab: tiny, 27B
 TOPK = [(1024, 1), (1024, 5), (1024, 16), (248320, 8), (248320, 16)]
 DTYPES = {"bf16": ("q38::bf16", BF16), "f32": ("float", np.dtype(np.float32))}
@@ -38,12 +37,12 @@ def _entries():
                   "(const bf16* E, const int* tok, bf16* x)", f"q38::embed_gather<{hd}>(E, tok, x)"))
         e.append((f"residual_{hd}", f"q38::ResidualLaunch<{hd}>",
                   "(bf16* x, const bf16* y, int R)", f"q38::residual_add<{hd}>(x, y, R)"))
-    for f in TILE_FF:
+    for f in FF:
         e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
                   f"q38::swiglu<{f}>(gu, h)"))
         for nt in TILE_NT:
-            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluTileLaunch<{f}>",
-                      "(const bf16* gu, bf16* h, int R)", f"q38::swiglu_tiled<{f}, {nt}>(gu, h, R)"))
+            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}, {nt}>", "(const bf16* gu, bf16* h)",
+                      f"q38::swiglu<{f}, {nt}>(gu, h)"))
     for dn, (ct, _) in DTYPES.items():
         for v in VOCAB:
             e.append((f"argmax_{dn}_{v}", f"q38::ArgmaxLaunch<{ct}, {v}>",
@@ -100,13 +99,9 @@ def _gpu_swiglu(gu, F, tile_nt=0):
     fn, nt = _kernel(f"swiglu_{F}" + (f"_t{tile_nt}" if tile_nt else ""))
     R = gu.shape[0]
     gu_d = to_gpu(gu)
-    if tile_nt:   # swiglu_tiled: 8 units of 64 columns per block, 4 rows
-        h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,), BF16)
-        fn(gu_d.gpudata, h.gpudata, np.int32(R), block=(nt, 1, 1),
-           grid=(-(-(F // 64) // 8), -(-R // 4)))
-    else:
-        h = poisoned((R, F), BF16)
-        fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // 8) // nt), R))
+    h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,) if tile_nt else (R, F), BF16)
+    cols = 32 if tile_nt else 8   # per thread (SwigluLaunch::columns)
+    fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // cols) // nt), R))
     return h.get()
 
 
@@ -243,10 +238,10 @@ def test_advance_pos(cuda_ctx, B):
     print(f"advance_pos B={B}: exact")
 
 
-@pytest.mark.parametrize("F", TILE_FF)
+@pytest.mark.parametrize("F", FF)
 @pytest.mark.parametrize("tile_nt", TILE_NT)
 def test_swiglu_tile_order(cuda_ctx, F, tile_nt):
-    """swiglu_tiled<F, TNT> writes the same bits as swiglu<F>, each at its place in wgmma_q4's
+    """swiglu<F, TNT> writes the same bits as swiglu<F>, each at its place in wgmma_q4's
     activation tile order (weights.xtile_index), and nothing in the padding rows."""
     from qwen38gen.weights import xtile_index
 
