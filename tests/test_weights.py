@@ -433,3 +433,47 @@ def test_load_quantized_checks_format(tmp_path, tiny_quant):
         qz.load_quantized(d)
     with pytest.raises(UserError, match="quantization.json is missing"):
         qz.load_quantized(tmp_path)  # a folder without one
+
+
+def _wgmma_store_x_tile(x: np.ndarray, nt: int, rb: int, gi: int) -> np.ndarray:
+    """The bytes of the activation tile (row block rb, group gi) as wgmma_q4 with XT = 0 builds
+    it in shared memory (kernels/wgmma_q4.cuh, load_x / store_x): unit u = (n8, ih, nb, h) loads
+    the four 16-byte pieces at 32j + 16ih of k-tile h of its row and stores word t of each as
+    core row t (k-step 4h + 2ih + t/2, half t%2). Rows past the matrix read its last row."""
+    R = x.shape[0]
+    xb = np.ascontiguousarray(x).view(np.uint8).reshape(R, -1)
+    tile = np.zeros(2048 * nt, np.uint8)
+    for u in range(32 * nt):
+        n8, ih, nb, h = u & 7, (u >> 3) & 1, (u >> 4) % nt, u // (16 * nt)
+        row = min(rb * 8 * nt + 8 * nb + n8, R - 1)
+        base = gi * 256 + h * 128 + ih * 16
+        words = [xb[row, base + 32 * j:base + 32 * j + 16].view(np.uint32) for j in range(4)]
+        dst = ((4 * h + 2 * ih) * nt + nb) * 256 + n8 * 16
+        for t, off in enumerate((0, 128, nt * 256, nt * 256 + 128)):
+            tile[dst + off:dst + off + 16] = np.array([w[t] for w in words], np.uint32).view(np.uint8)
+    return tile
+
+
+@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+def test_activation_tile_order_is_wgmma_q4s_shared_tile(nt):
+    """weights.tile_activations (what the norm and SwiGLU write for XT = 1) puts every value of
+    a row block's group where wgmma_q4's own transpose (XT = 0) puts it in shared memory, so the
+    two read the same B operand; padding rows of the last block are zero."""
+    from qwen38gen.weights import tile_activations
+
+    rng = np.random.default_rng(nt)
+    R, K = 8 * nt * 2 - 3, 384
+    x = rng.integers(0, 1 << 16, (R, K)).astype(np.uint16)
+    tiled = tile_activations(x, nt).view(np.uint8).reshape(2, K // 128, 2048 * nt)
+    for rb in range(2):
+        valid = np.zeros(2048 * nt, bool)   # the bytes of rows < R
+        for u in range(32 * nt):
+            n8, ih, nb, h = u & 7, (u >> 3) & 1, (u >> 4) % nt, u // (16 * nt)
+            if rb * 8 * nt + 8 * nb + n8 < R:
+                dst = ((4 * h + 2 * ih) * nt + nb) * 256 + n8 * 16
+                for off in (0, 128, nt * 256, nt * 256 + 128):
+                    valid[dst + off:dst + off + 16] = True
+        for gi in range(K // 128):
+            want = _wgmma_store_x_tile(x, nt, rb, gi)
+            assert np.array_equal(tiled[rb, gi][valid], want[valid]), (rb, gi)
+            assert not tiled[rb, gi][~valid].any()
