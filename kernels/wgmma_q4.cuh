@@ -414,19 +414,19 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       out_index(v, n, r);
       gemv_store<EPI>(y, ldy, n, r, N, R, s);
     }
-    return;
+  } else {
+#pragma unroll
+    for (int b = 0; b < MW; ++b)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int v = (b * NT + j) * 4 + e;
+          int n, r;
+          out_index(v, n, r);
+          gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[b][j][e]);
+        }
   }
-#pragma unroll
-  for (int b = 0; b < MW; ++b)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int v = (b * NT + j) * 4 + e;
-        int n, r;
-        out_index(v, n, r);
-        gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[b][j][e]);
-      }
 }
 
 }  // namespace q38
