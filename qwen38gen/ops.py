@@ -271,12 +271,11 @@ def wgmma_launch(rows: int, k: int, btg: int, R: int,
     activations in tile order) and the split gemm_split gives its grid. The producer of the
     activations must write the tile order exactly when the result's XT is 1."""
     wx = WGMMA_XT_TABLE.get((btg, _shape_kind(rows, k))) if xt else None
-    if wx:
-        wg, mw, xs, mb, pp = wx
-    elif wgmma_config(rows, k, btg):
-        (wg, mw, xs, mb), pp = wgmma_config(rows, k, btg), 0
-    else:
-        return None
+    if wx is None:
+        wc = wgmma_config(rows, k, btg)
+        if wc is None:
+            return None
+    wg, mw, xs, mb, pp = wx or wc + (0,)
     zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
         return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
@@ -784,7 +783,6 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         s.append({"k": e.name, "grid": [R, 1, 1],
                   "args": [["t", "model.language_model.embed_tokens.weight"], buf(tokens),
                            buf("x")]})
-        norm = plan.entry(rmsnorm_entry(H))
         for i in range(cfg.num_hidden_layers):
             p = f"model.language_model.layers.{i}."
             s += normed_gemv(p + "input_layernorm.weight", f"L{i}.in", "proj", n_in, R)
