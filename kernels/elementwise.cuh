@@ -15,7 +15,7 @@
 //
 // Launch shapes (no dynamic smem anywhere; every grid is given next to its Launch struct):
 //   EmbedLaunch<HD>     grid R,                                   block threads
-//   SwigluLaunch<F, T>  grid (ceil(F/columns / threads), R),      block threads (columns 8, 32 if T)
+//   SwigluLaunch<F, T>  grid (grid_x, ceil(R / rows)),           block threads (T: 16 rows x 128 columns)
 //   ResidualLaunch<W>   grid ceil(R·W/8 / threads),               block threads
 //   ArgmaxLaunch<T, V>  grid R,                                   block threads
 //   TopkLaunch<T, V, K> grid R,                                   block threads
@@ -47,8 +47,9 @@ __device__ __forceinline__ void embed_gather(const bf16* __restrict__ E, const i
 template <int F, int TNT = 0>
 struct SwigluLaunch {
   static constexpr int threads = 256;
-  static constexpr int columns = TNT ? 32 : 8;                         // per thread
-  static constexpr int grid_x = (F / columns + threads - 1) / threads;  // grid = (grid_x, R)
+  static constexpr int columns = TNT ? 128 : 8;   // per thread in rows; per block in tile order
+  static constexpr int rows = TNT ? 16 : 1;       // per block
+  static constexpr int grid_x = TNT ? F / 128 : (F / 8 + threads - 1) / threads;  // grid = (grid_x, ceil(R / rows))
 };
 
 __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
@@ -60,30 +61,52 @@ __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
   return pack_bf16x8(g);
 }
 
-// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows. Thread v then
-// takes the four chunks of one core row (group v / 4, k-tile v / 2 % 2, half v % 2) and stores
-// them as four 16-byte rows (xtile_store); consecutive threads still read consecutive
-// 16-byte chunks in pairs.
+// TNT > 0: h in wgmma_q4's activation tile order for batch tiles of 8·TNT rows (common.cuh
+// xtile_store, docs/FORMAT.md). A block takes 16 rows of one group of 128 columns. Thread s first
+// computes chunk s % 16 (8 columns) of row s / 16 from two 16-byte loads (a half-warp reads 256
+// contiguous bytes of a row) into shared memory; then it stores one whole 16-byte core row of the
+// tile: row n8 = s % 8 of n-block s / 128, k-step (s / 16) % 8, half (s / 8) % 2, whose four words
+// come from four chunks. Consecutive threads store consecutive 16 bytes (256 bytes per 16
+// threads), and the 32 lanes of a warp read 32 different banks (rows padded by 16 bytes).
+// Rows >= R are neither read nor written.
+template <int F, int TNT>
+__device__ __forceinline__ void swiglu_tiled(const bf16* __restrict__ gu, bf16* __restrict__ h, int R) {
+  constexpr int RW = 16 * 4 + 4;   // words per row of the block's tile in shared memory
+  __shared__ uint32_t sh[16 * RW];
+  const int s = threadIdx.x, gi = blockIdx.x, r0 = blockIdx.y * 16;
+  {
+    const int rl = s >> 4, c = s & 15, r = r0 + rl;
+    if (r < R) {
+      const bf16* row = gu + (size_t)r * 2 * F + 128 * gi + 8 * c;
+      *reinterpret_cast<uint4*>(sh + rl * RW + 4 * c) = swiglu8(row, row + F);
+    }
+  }
+  __syncthreads();
+  const int n8 = s & 7, hf = (s >> 3) & 1, ks = (s >> 4) & 7, rl = 8 * (s >> 7) + n8, r = r0 + rl;
+  if (r >= R) return;
+  // k-step ks = 4·kt + 2·ih + t/2 and half hf = t % 2: word t of chunks 8·kt + 2j + ih, j = 0..3.
+  const int kt = ks >> 2, ih = (ks >> 1) & 1, t = 2 * (ks & 1) + hf;
+  const uint32_t* w = sh + rl * RW + 4 * (8 * kt + ih) + t;
+  constexpr int btg = 8 * TNT;
+  const int rb = r / btg, nb = (r % btg) >> 3;
+  char* dst = reinterpret_cast<char*>(h) + ((size_t)rb * (F >> 7) + gi) * (2048 * TNT) +
+              (ks * TNT + nb) * 256 + hf * 128 + n8 * 16;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[8], w[16], w[24]);
+}
+
+// R: rows of gu (only the tile order, TNT > 0, reads it: its blocks take 16 rows each).
 template <int F, int TNT = 0>
-__device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h) {
+__device__ __forceinline__ void swiglu(const bf16* __restrict__ gu, bf16* __restrict__ h, int R) {
   static_assert(F % 8 == 0 && (TNT == 0 || F % 128 == 0), "swiglu: F must be a multiple of 8 "
                 "(of 128 in tile order)");
   using L = SwigluLaunch<F, TNT>;
-  const int v = blockIdx.x * L::threads + threadIdx.x;  // L::columns columns per thread
-  if (v >= F / L::columns) return;
-  const int r = blockIdx.y;
-  const bf16* row = gu + (size_t)r * 2 * F;
   if constexpr (TNT > 0) {
-    const int gi = v >> 2, kt = (v >> 1) & 1, ih = v & 1;
-    uint4 c[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 128 * gi + 64 * kt + 16 * j + 8 * ih;
-      c[j] = swiglu8(row + col, row + F + col);
-    }
-    xtile_store<TNT>(h, F, r, gi, kt, ih, c);
+    swiglu_tiled<F, TNT>(gu, h, R);
   } else {
-    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) = swiglu8(row + 8 * v, row + F + 8 * v);
+    const int v = blockIdx.x * L::threads + threadIdx.x;  // L::columns columns per thread
+    if (v >= F / L::columns) return;
+    const bf16* row = gu + (size_t)blockIdx.y * 2 * F;
+    *reinterpret_cast<uint4*>(h + (size_t)blockIdx.y * F + 8 * v) = swiglu8(row + 8 * v, row + F + 8 * v);
   }
 }
 

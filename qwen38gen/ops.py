@@ -31,11 +31,22 @@ class Entry:
     # the previous one before the body runs, unless the body calls q38::pdl_wait() itself (after
     # loading only data no kernel of the same graph writes).
     waits: bool = False
+    # L2 prefetch of the next GEMV's weights (common.cuh l2_prefetch_weights): the entry point
+    # takes PF_PARAMS after `params` and asks L2 for them before the body runs. The plan passes
+    # the weight that follows the launch (with_prefetch), or none.
+    prefetch: bool = False
+
+    @property
+    def all_params(self) -> tuple[tuple[str, str], ...]:
+        return self.params + (PF_PARAMS if self.prefetch else ())
 
     def render(self) -> str:
-        sig = ", ".join(f"{t} {n}" for t, n in self.params)
+        sig = ", ".join(f"{t} {n}" for t, n in self.all_params)
         args = ", ".join(n for _, n in self.params)
-        pre = "q38::pdl_launch_dependents(); " + ("" if self.waits else "q38::pdl_wait(); ")
+        pre = "q38::pdl_launch_dependents(); "
+        if self.prefetch:
+            pre += "q38::l2_prefetch_weights(pf_q, pf_s, pf_bytes); "
+        pre += "" if self.waits else "q38::pdl_wait(); "
         checks = "".join(f'static_assert({a}, "{self.name}: launch shape out of date");\n'
                          for a in self.asserts)
         cl = f" __cluster_dims__({self.cluster}, 1, 1)" if self.cluster > 1 else ""
@@ -46,7 +57,10 @@ class Entry:
 
     def manifest(self) -> dict:
         return {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
-                "params": [list(p) for p in self.params], "call": self.call}
+                "params": [list(p) for p in self.all_params], "call": self.call}
+
+
+PF_PARAMS = (("const void*", "pf_q"), ("const void*", "pf_s"), ("int", "pf_bytes"))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -367,7 +381,7 @@ def rmsnorm_entry(h: int, tnt: int = 0) -> Entry:
     return Entry(f"q38_rmsnorm_h{h}" + (f"_t{tnt}" if tnt else ""),
                  f"q38::rmsnorm_1p<{h}, {nt}, {tnt}>",
                  ((BF, "x"), (BF, "w"), ("q38::bf16*", "y"), ("float", "eps")), nt,
-                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
+                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",), prefetch=True)
 
 
 def rmsnorm_ld_entry(h: int) -> Entry:
@@ -452,6 +466,7 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
         waits=True,  # gdn_chunk loads state/pos/ntok/slot, then griddepcontrol.wait
+        prefetch=True,
         asserts=(f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
                  f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
                  f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
@@ -541,7 +556,7 @@ def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
          (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
          ("q38::bf16*", "o")),
-        threads, smem=smem, min_blocks=ATTN_MB,
+        threads, smem=smem, min_blocks=ATTN_MB, prefetch=True,
         asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
                  f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
                  f"{A}::min_blocks == {ATTN_MB}",
@@ -557,14 +572,17 @@ def embed_entry(h: int) -> Entry:
 def swiglu_entry(f: int, tnt: int = 0) -> Entry:
     """SwiGLU; tnt > 0: the output in wgmma_q4's activation tile order for 8·tnt-row tiles."""
     return Entry(f"q38_swiglu_f{f}" + (f"_t{tnt}" if tnt else ""), f"q38::swiglu<{f}, {tnt}>",
-                 ((BF, "gu"), ("q38::bf16*", "h")), 256,
+                 ((BF, "gu"), ("q38::bf16*", "h"), ("int", "R")), 256,
                  asserts=(f"q38::SwigluLaunch<{f}, {tnt}>::threads == 256",
-                          f"q38::SwigluLaunch<{f}, {tnt}>::grid_x == {swiglu_grid_x(f, tnt)}"))
+                          f"q38::SwigluLaunch<{f}, {tnt}>::grid_x == {swiglu_grid(f, 1, tnt)[0]}",
+                          f"q38::SwigluLaunch<{f}, {tnt}>::rows == {16 if tnt else 1}"),
+                 prefetch=True)
 
 
-def swiglu_grid_x(f: int, tnt: int = 0) -> int:
-    """grid.x of a swiglu launch (SwigluLaunch::grid_x): 8 columns per thread, 32 in tile order."""
-    return cdiv(f // (32 if tnt else 8), 256)
+def swiglu_grid(f: int, r: int, tnt: int = 0) -> list[int]:
+    """The grid of a swiglu launch over r rows (SwigluLaunch): 8 columns per thread and one row
+    per block; in tile order 128 columns of 16 rows per block."""
+    return [f // 128, cdiv(r, 16), 1] if tnt else [cdiv(f // 8, 256), r, 1]
 
 
 def argmax_entry(v: int) -> Entry:
@@ -606,6 +624,33 @@ def raw_dtype(name: str) -> str:
         if name.endswith(suffix):
             return dt
     return "bfloat16"
+
+
+# L2 prefetch (common.cuh l2_prefetch_weights): bytes of the next GEMV's weights the kernel
+# before it asks L2 for, by batch tile. The runtime caps it at the weight's size;
+# QWEN38_L2PF=BYTES overrides it (scripts/l2pf_sweep.py measures it).
+L2PF_TABLE = {8: 8 << 20, 16: 8 << 20, 32: 8 << 20, 64: 8 << 20}
+
+
+def l2pf_bytes(btg: int) -> int:
+    return L2PF_TABLE.get(btg, 0)
+
+
+def with_prefetch(sched: list[dict], entries: dict, nbytes: int) -> list[dict]:
+    """The schedule with the prefetch arguments (PF_PARAMS) appended to every launch of an
+    entry that takes them: the weight of the GEMV launched right after it and ["l2pf", weight,
+    nbytes] (resolved by the runtime), or a null weight and 0 bytes where no GEMV follows."""
+    out = []
+    for i, L in enumerate(sched):
+        if entries[L["k"]].prefetch:
+            nxt = sched[i + 1]["args"][0] if i + 1 < len(sched) else None
+            if nxt and nxt[0] == "w":
+                pf = [["w", nxt[1], "qweight"], ["w", nxt[1], "scales"], ["l2pf", nxt[1], nbytes]]
+            else:
+                pf = [["null"], ["null"], ["i32", 0]]
+            L = {**L, "args": L["args"] + pf}
+        out.append(L)
+    return out
 
 
 def buf(name: str, off: int = 0, per_tmax: int = 0) -> list:
@@ -754,8 +799,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
         tnt = tiled_input(wname, R)
         sw = plan.entry(swiglu_entry(F, tnt))
-        return [{"k": sw.name, "grid": [swiglu_grid_x(F, tnt), R, 1],
-                 "args": [buf("gu"), buf("act")]},
+        return [{"k": sw.name, "grid": swiglu_grid(F, R, tnt),
+                 "args": [buf("gu"), buf("act"), ["i32", R]]},
                 gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
@@ -927,6 +972,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                          buf("ntok_m"), ["i32", B]]}]
             + mtp_pass(KP, "vnext", "ntok_m"))
         plan.schedule["verify_rows"] = KP
+    entries = {e.name: e for e in plan.entries}
+    for ph, sched in plan.schedule.items():
+        if isinstance(sched, list):
+            plan.schedule[ph] = with_prefetch(sched, entries, l2pf_bytes(btg))
     # gemm_q4 split-K scratch, shared by every launch with ZS > 1 (launches run one at a time):
     # fp32 partials, and arrival counters that every launch leaves at zero.
     plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [scratch["part"]]}

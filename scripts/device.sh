@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 LOG="$OUT/device.log"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 QWEN38_CACHE=/tmp/q38cache OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1 QWEN38_CACHE=${QWEN38_CACHE:-/tmp/q38cache} OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 Q="python3 -m cli"
 declare -a SUMMARY
 note() { SUMMARY+=("$(printf '%-44s %s' "$1" "$2")"); }
@@ -37,6 +37,14 @@ if [ -n "${SWEEP:-}" ]; then
   python3 scripts/gemv_sweep.py run "$SWEEP" "$OUT/sweep.json" > /tmp/sw.log 2>&1; rc=$?
   cat /tmp/sw.log; cp /tmp/sw.log "$OUT/sweep.txt"
   note "gemv sweep" "rc=$rc"
+fi
+
+if [ -n "${L2PF_SWEEP:-}" ]; then  # B list; the step at each L2 prefetch size (scripts/l2pf_sweep.py)
+  section "L2 prefetch sweep ($L2PF_SWEEP)"
+  python3 scripts/l2pf_sweep.py --batch "$L2PF_SWEEP" --sizes "${L2PF_SIZES:-0,4M,8M,16M,32M}" \
+    --json "$OUT/l2pf.json" > /tmp/l2.log 2>&1; rc=$?
+  cat /tmp/l2.log; cp /tmp/l2.log "$OUT/l2pf.txt"
+  note "l2pf sweep" "rc=$rc"
 fi
 
 if [ -n "${ATTN_SWEEP:-}" ]; then  # cubin from `python3 scripts/attn_sweep.py build` (CPU machine)

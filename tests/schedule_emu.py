@@ -117,7 +117,7 @@ class Emu:
             y[:, :N] = out
 
     def k_swiglu(self, L, pt):
-        R_ = L["grid"][1]
+        R_ = L["args"][2][1]
         F = self.cfg.intermediate_size
         gu = self.view(L["args"][0], (R_, 2 * F))
         self.put_rows(L, L["args"][1], R.swiglu(gu, F))

@@ -235,3 +235,50 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
         assert n_xt == {64: 3, 32: 2, 16: 0}[btg] * n_layers + (btg >= 32 and not mtp), n_xt
     if btg < 32:
         assert nxt == 0
+
+
+@pytest.mark.parametrize("model,batch,mtp", [("tiny", 3, 0), ("qwen3.8-27b", 1, 0),
+                                             ("qwen3.8-27b", 64, 0), ("qwen3.8-27b", 16, 1)])
+def test_prefetch_names_the_next_gemv(model, batch, mtp):
+    """Every launch of an entry that takes PF_PARAMS asks L2 for the weight of the GEMV launched
+    right after it (codes, scales and the plan's byte count), or for nothing where no GEMV
+    follows; in the 27B decode step each layer's four GEMVs and the lm_head are covered."""
+    from qwen38gen.ops import PF_PARAMS, l2pf_bytes
+
+    prog = emit_program(PRESETS[model], Lanes.make(batch, pt=16, mtp=mtp))
+    kernels = prog.manifest["kernels"]
+    for phase, sched in prog.manifest["schedule"].items():
+        if not isinstance(sched, list):
+            continue
+        for i, L in enumerate(sched):
+            params = kernels[L["k"]]["params"]
+            if params[-len(PF_PARAMS):] != [list(p) for p in PF_PARAMS]:
+                assert not any(a[0] in ("l2pf", "null") for a in L["args"]), L["k"]
+                continue
+            nxt = sched[i + 1]["args"][0] if i + 1 < len(sched) else ["none"]
+            if nxt[0] == "w":
+                assert L["args"][-3:] == [["w", nxt[1], "qweight"], ["w", nxt[1], "scales"],
+                                          ["l2pf", nxt[1], l2pf_bytes(prog.lanes.btg)]], (phase, i)
+            else:
+                assert L["args"][-3:] == [["null"], ["null"], ["i32", 0]], (phase, i)
+    dec = prog.manifest["schedule"]["decode"]
+    covered = [L["args"][-3][1] for L in dec if L["args"][-1][0] == "l2pf"]
+    if model == "qwen3.8-27b":
+        n = PRESETS[model].num_hidden_layers
+        assert len(covered) == len(set(covered)) == 4 * n + 1 and "lm_head" in covered
+
+
+def test_prefetch_bytes_fit_the_weight():
+    """The runtime's figure: the plan's (or QWEN38_L2PF's) bytes, capped at the weight's codes,
+    in whole 512-byte k-tiles (its scales are then a multiple of 16 bytes); sizes parse with a
+    K/M/G suffix and a bad one is a user error naming the value."""
+    from qwen38gen.runtime import l2pf_bytes, l2pf_size
+
+    w = {"rows": 2080, "k": 512}                     # tiny's L0.in: 532 480 bytes of codes
+    assert l2pf_bytes(w, 8 << 20) == 532480
+    assert l2pf_bytes(w, 1000) == 512 and l2pf_bytes(w, 0) == 0
+    assert [l2pf_size(s) for s in ("0", "4096", "8M", "16k", "1G")] == [0, 4096, 8 << 20,
+                                                                        16 << 10, 1 << 30]
+    for bad in ("x", "-1", "2G", "8MB"):
+        with pytest.raises(UserError, match=re.escape(repr(bad))):
+            l2pf_size(bad)

@@ -38,11 +38,11 @@ def _entries():
         e.append((f"residual_{hd}", f"q38::ResidualLaunch<{hd}>",
                   "(bf16* x, const bf16* y, int R)", f"q38::residual_add<{hd}>(x, y, R)"))
     for f in FF:
-        e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h)",
-                  f"q38::swiglu<{f}>(gu, h)"))
+        e.append((f"swiglu_{f}", f"q38::SwigluLaunch<{f}>", "(const bf16* gu, bf16* h, int R)",
+                  f"q38::swiglu<{f}>(gu, h, R)"))
         for nt in TILE_NT:
-            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}, {nt}>", "(const bf16* gu, bf16* h)",
-                      f"q38::swiglu<{f}, {nt}>(gu, h)"))
+            e.append((f"swiglu_{f}_t{nt}", f"q38::SwigluLaunch<{f}, {nt}>",
+                      "(const bf16* gu, bf16* h, int R)", f"q38::swiglu<{f}, {nt}>(gu, h, R)"))
     for dn, (ct, _) in DTYPES.items():
         for v in VOCAB:
             e.append((f"argmax_{dn}_{v}", f"q38::ArgmaxLaunch<{ct}, {v}>",
@@ -100,8 +100,8 @@ def _gpu_swiglu(gu, F, tile_nt=0):
     R = gu.shape[0]
     gu_d = to_gpu(gu)
     h = poisoned((-(-R // (8 * tile_nt)) * 8 * tile_nt * F,) if tile_nt else (R, F), BF16)
-    cols = 32 if tile_nt else 8   # per thread (SwigluLaunch::columns)
-    fn(gu_d.gpudata, h.gpudata, block=(nt, 1, 1), grid=(-(-(F // cols) // nt), R))
+    grid = (F // 128, -(-R // 16)) if tile_nt else (-(-(F // 8) // nt), R)   # SwigluLaunch
+    fn(gu_d.gpudata, h.gpudata, np.int32(R), block=(nt, 1, 1), grid=grid)
     return h.get()
 
 
@@ -246,7 +246,7 @@ def test_swiglu_tile_order(cuda_ctx, F, tile_nt):
     from qwen38gen.weights import xtile_index
 
     rng = np.random.default_rng([F, tile_nt, 3])
-    for R in (1, 8 * tile_nt - 1, 8 * tile_nt + 3):
+    for R in (1, 8 * tile_nt - 1, 8 * tile_nt, 8 * tile_nt + 3):
         gu = _bf16(rng.standard_normal((R, 2 * F)) * 2.0)
         rows = _gpu_swiglu(gu, F).view(np.uint16)
         tiled = _gpu_swiglu(gu, F, tile_nt).view(np.uint16)
