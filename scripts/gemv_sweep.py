@@ -32,10 +32,8 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # XS, ZS, MB[, XT]) of wgmma_q4 (kernels/wgmma_q4.cuh; XT = 1 is given x in tile order, made on
 # the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 4, 1, 3, 8, 1, 1), ("w", 1, 2, 4, 1, 2, 1),
-             ("w", 1, 2, 3, 1, 2, 1), ("w", 2, 2, 4, 1, 1, 1), ("w", 2, 2, 3, 1, 1, 1),
-             ("w", 1, 2, 4, 8, 2, 1), ("w", 1, 2, 4, 4, 2, 1),
-             ("w", 2, 2, 3, 8, 1, 1), ("w", 1, 2, 3, 1, 1, 1)]),
+    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 2, 1),
+             ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 2, 1, 4, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
@@ -43,7 +41,9 @@ SWEEP = {
 # Version 7 swept wgmma_q4 with XT = 1 (the activations in tile order) at 8 to 64 rows
 # (-v7-gemv-sweep-xt.txt), XT with PP (-v7-gemv-sweep-xt-pp.txt; -v7-gemv-sweep-pp.txt is PP
 # alone, in code since changed) and, last, MW = 2 with XT at 64 rows: the table above
-# (-v7-gemv-sweep-mw2.txt). The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4,
+# (-v7-gemv-sweep-mw2.txt). Version 8: three and four blocks per SM (MB) at 64 rows with fewer
+# ring stages, against the 2.06 waves of gate_up's 544 blocks on 264 slots (the table above).
+# The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4,
 # the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4;
 # bench/NOTES.md) added configs of code that is gone.
 KS_MAX = 8
