@@ -94,29 +94,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16_s(unsigned smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
 }
-// Ask L2 for the first `bytes` of the next GEMV's packed weights `q` and the first bytes / 32
-// of its scales `s` (the same row tiles: docs/FORMAT.md), in 16 KiB bulk prefetches spread
-// over every thread of the grid. Called by the entry point of the small kernel launched just
-// before that GEMV (ops.Entry.prefetch): while it runs the DRAM is mostly idle, and the GEMV's
-// first blocks then find their weights in L2. Weights are constant, so this may run before
-// pdl_wait. A hint only: no result depends on it. bytes: a multiple of 512, 0 = nothing.
-__device__ __forceinline__ void l2_prefetch_weights(const void* q, const void* s, int bytes) {
-  if (bytes <= 0) return;
-  constexpr int CHUNK = 16384;
-  const int sb = bytes >> 5;
-  const int nq = (bytes + CHUNK - 1) / CHUNK, ns = (sb + CHUNK - 1) / CHUNK;
-  const int nthreads = blockDim.x * blockDim.y * blockDim.z * gridDim.x * gridDim.y * gridDim.z;
-  const int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  const int t = block * (blockDim.x * blockDim.y * blockDim.z) +
-                (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
-  for (int i = t; i < nq + ns; i += nthreads) {
-    const bool isq = i < nq;
-    const int off = (isq ? i : i - nq) * CHUNK, n = min(CHUNK, (isq ? bytes : sb) - off);
-    const char* p = reinterpret_cast<const char*>(isq ? q : s) + off;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-  }
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }

@@ -31,22 +31,11 @@ class Entry:
     # the previous one before the body runs, unless the body calls q38::pdl_wait() itself (after
     # loading only data no kernel of the same graph writes).
     waits: bool = False
-    # L2 prefetch of the next GEMV's weights (common.cuh l2_prefetch_weights): the entry point
-    # takes PF_PARAMS after `params` and asks L2 for them before the body runs. The plan passes
-    # the weight that follows the launch (with_prefetch), or none.
-    prefetch: bool = False
-
-    @property
-    def all_params(self) -> tuple[tuple[str, str], ...]:
-        return self.params + (PF_PARAMS if self.prefetch else ())
 
     def render(self) -> str:
-        sig = ", ".join(f"{t} {n}" for t, n in self.all_params)
+        sig = ", ".join(f"{t} {n}" for t, n in self.params)
         args = ", ".join(n for _, n in self.params)
-        pre = "q38::pdl_launch_dependents(); "
-        if self.prefetch:
-            pre += "q38::l2_prefetch_weights(pf_q, pf_s, pf_bytes); "
-        pre += "" if self.waits else "q38::pdl_wait(); "
+        pre = "q38::pdl_launch_dependents(); " + ("" if self.waits else "q38::pdl_wait(); ")
         checks = "".join(f'static_assert({a}, "{self.name}: launch shape out of date");\n'
                          for a in self.asserts)
         cl = f" __cluster_dims__({self.cluster}, 1, 1)" if self.cluster > 1 else ""
@@ -57,10 +46,7 @@ class Entry:
 
     def manifest(self) -> dict:
         return {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
-                "params": [list(p) for p in self.all_params], "call": self.call}
-
-
-PF_PARAMS = (("const void*", "pf_q"), ("const void*", "pf_s"), ("int", "pf_bytes"))
+                "params": [list(p) for p in self.params], "call": self.call}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -266,12 +252,15 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
 # measured within 2 % (gate_up 85.7 against 87.1 and 89.1 in two runs; the in projections 2 us
 # slower), so only gate_up takes it there. The lm_head (decode steps of lanes without mtp, where
 # the final norm feeds it directly): 441-443 us against gemm_q4's ~556 at 64 rows, 320 against
-# 370 at 32. Used where the caller's producer can write the order.
+# 370 at 32. Version 8 (bench/2026-12-03-h200-v8-gemv-sweep-mb.txt): two ring stages and three
+# blocks per SM (138 registers, 3 x 40 KiB of ring) take gate_up at 64 rows from 86.2 (PP) to
+# 72.2 us and the lm_head from 442 to 403; the in projections (one wave at two blocks per SM)
+# stay, 41.7 against 31.3 with two stages. Used where the caller's producer can write the order.
 WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
-    (64, "gate_up"): (1, 1, 4, 2, 1),
+    (64, "gate_up"): (1, 1, 2, 3, 0),
     (64, "in"): (1, 1, 4, 2, 0),
     (64, "long"): (4, 1, 3, 1, 0),
-    (64, "lm_head"): (1, 1, 4, 2, 0),
+    (64, "lm_head"): (1, 1, 2, 3, 0),
     (32, "gate_up"): (1, 1, 4, 2, 1),
     (32, "in"): (1, 1, 4, 2, 1),
     (32, "lm_head"): (2, 1, 4, 1, 0),
@@ -381,7 +370,7 @@ def rmsnorm_entry(h: int, tnt: int = 0) -> Entry:
     return Entry(f"q38_rmsnorm_h{h}" + (f"_t{tnt}" if tnt else ""),
                  f"q38::rmsnorm_1p<{h}, {nt}, {tnt}>",
                  ((BF, "x"), (BF, "w"), ("q38::bf16*", "y"), ("float", "eps")), nt,
-                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",), prefetch=True)
+                 asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
 
 def rmsnorm_ld_entry(h: int) -> Entry:
@@ -466,7 +455,6 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
         waits=True,  # gdn_chunk loads state/pos/ntok/slot, then griddepcontrol.wait
-        prefetch=True,
         asserts=(f"q38::GdnLaunch<{ltargs}>::threads == {L['threads']}",
                  f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
                  f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
@@ -556,7 +544,7 @@ def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
         ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
          (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
          ("q38::bf16*", "o")),
-        threads, smem=smem, min_blocks=ATTN_MB, prefetch=True,
+        threads, smem=smem, min_blocks=ATTN_MB,
         asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
                  f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
                  f"{A}::min_blocks == {ATTN_MB}",
@@ -575,8 +563,7 @@ def swiglu_entry(f: int, tnt: int = 0) -> Entry:
                  ((BF, "gu"), ("q38::bf16*", "h"), ("int", "R")), 256,
                  asserts=(f"q38::SwigluLaunch<{f}, {tnt}>::threads == 256",
                           f"q38::SwigluLaunch<{f}, {tnt}>::grid_x == {swiglu_grid(f, 1, tnt)[0]}",
-                          f"q38::SwigluLaunch<{f}, {tnt}>::rows == {16 if tnt else 1}"),
-                 prefetch=True)
+                          f"q38::SwigluLaunch<{f}, {tnt}>::rows == {16 if tnt else 1}"))
 
 
 def swiglu_grid(f: int, r: int, tnt: int = 0) -> list[int]:
@@ -624,33 +611,6 @@ def raw_dtype(name: str) -> str:
         if name.endswith(suffix):
             return dt
     return "bfloat16"
-
-
-# L2 prefetch (common.cuh l2_prefetch_weights): bytes of the next GEMV's weights the kernel
-# before it asks L2 for, by batch tile. The runtime caps it at the weight's size;
-# QWEN38_L2PF=BYTES overrides it (scripts/l2pf_sweep.py measures it).
-L2PF_TABLE = {8: 8 << 20, 16: 8 << 20, 32: 8 << 20, 64: 8 << 20}
-
-
-def l2pf_bytes(btg: int) -> int:
-    return L2PF_TABLE.get(btg, 0)
-
-
-def with_prefetch(sched: list[dict], entries: dict, nbytes: int) -> list[dict]:
-    """The schedule with the prefetch arguments (PF_PARAMS) appended to every launch of an
-    entry that takes them: the weight of the GEMV launched right after it and ["l2pf", weight,
-    nbytes] (resolved by the runtime), or a null weight and 0 bytes where no GEMV follows."""
-    out = []
-    for i, L in enumerate(sched):
-        if entries[L["k"]].prefetch:
-            nxt = sched[i + 1]["args"][0] if i + 1 < len(sched) else None
-            if nxt and nxt[0] == "w":
-                pf = [["w", nxt[1], "qweight"], ["w", nxt[1], "scales"], ["l2pf", nxt[1], nbytes]]
-            else:
-                pf = [["null"], ["null"], ["i32", 0]]
-            L = {**L, "args": L["args"] + pf}
-        out.append(L)
-    return out
 
 
 def buf(name: str, off: int = 0, per_tmax: int = 0) -> list:
@@ -972,10 +932,6 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                          buf("ntok_m"), ["i32", B]]}]
             + mtp_pass(KP, "vnext", "ntok_m"))
         plan.schedule["verify_rows"] = KP
-    entries = {e.name: e for e in plan.entries}
-    for ph, sched in plan.schedule.items():
-        if isinstance(sched, list):
-            plan.schedule[ph] = with_prefetch(sched, entries, l2pf_bytes(btg))
     # gemm_q4 split-K scratch, shared by every launch with ZS > 1 (launches run one at a time):
     # fp32 partials, and arrival counters that every launch leaves at zero.
     plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [scratch["part"]]}

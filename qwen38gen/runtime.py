@@ -9,7 +9,6 @@ lives in device buffers that the graph reads, so a step is one `cuGraphLaunch`.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,33 +97,6 @@ class Launch:
     smem: int
     args: list
     pdl: object = None   # launch.Prepared when the step is launched with PDL
-
-
-def l2pf_size(v: str) -> int:
-    """A byte count with an optional suffix K, M or G ("8M" = 8 MiB), below 2 GiB."""
-    v = v.strip()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:].upper(), 1)
-    try:
-        n = int(v[:-1] if mult > 1 else v) * mult
-    except ValueError:
-        n = -1
-    if n < 0 or n >= 1 << 31:
-        raise UserError(f"L2 prefetch size {v!r}: give a byte count below 2 GiB, e.g. 8M or 0")
-    return n
-
-
-def l2pf_bytes(weight: dict, nbytes: int) -> int:
-    """The prefetch a launch passes for a weight (manifest "weights" entry): nbytes, at most
-    the weight's packed codes (rows·k/2 bytes), in whole 512-byte k-tiles, so that the scales
-    of the same row tiles are nbytes/32, a multiple of 16 (common.cuh l2_prefetch_weights)."""
-    return min(nbytes, weight["rows"] * weight["k"] // 2) // 512 * 512
-
-
-def l2pf_override() -> int | None:
-    """QWEN38_L2PF=BYTES (l2pf_size): the L2 prefetch of every GEMV's weights instead of the
-    plan's figure (ops.L2PF_TABLE); 0 turns it off."""
-    v = os.environ.get("QWEN38_L2PF", "").strip()
-    return l2pf_size(v) if v else None
 
 
 def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,7 +198,6 @@ class Runtime:
         self.B = manifest["lanes"]["batch"]
         self.pt = manifest["schedule"]["prefill_pt"]
         self.mtp = int(manifest["lanes"].get("mtp", 0))
-        self.l2pf = l2pf_override()
         self.ctx = drv.Device(0).make_context()
         try:
             self.stream = drv.Stream()
@@ -332,11 +303,6 @@ class Runtime:
             return np.float32(a[1])
         if kind == "tmax":
             return np.int32(self.tmax)
-        if kind == "null":
-            return np.uintp(0)
-        if kind == "l2pf":   # bytes of weight a[1] to ask L2 for (ops.with_prefetch)
-            return np.int32(l2pf_bytes(self.manifest["weights"][a[1]],
-                                       a[2] if self.l2pf is None else self.l2pf))
         raise ValueError(f"unknown manifest argument {a!r}")
 
     def _resolve(self, sched: list[dict]) -> list[Launch]:
@@ -349,18 +315,6 @@ class Runtime:
                 L.pdl = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args)
             out.append(L)
         return out
-
-    def set_l2_prefetch(self, nbytes: int | None):
-        """Prefetch this many bytes of each GEMV's weights into L2 from the kernel before it
-        (None: the manifest's figure): the launches are resolved again and captured graphs
-        dropped (scripts/l2pf_sweep.py)."""
-        self.l2pf = nbytes
-        for exe in self.exe.values():
-            self.graphs.destroy(exe)
-        self.exe = {}
-        self.launches = {ph: self._resolve(sched)
-                         for ph, sched in self.manifest["schedule"].items()
-                         if isinstance(sched, list)}
 
     # ----------------------------------------------------------------------- steps
     def _launch_all(self, phase: str):

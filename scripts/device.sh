@@ -39,14 +39,6 @@ if [ -n "${SWEEP:-}" ]; then
   note "gemv sweep" "rc=$rc"
 fi
 
-if [ -n "${L2PF_SWEEP:-}" ]; then  # B list; the step at each L2 prefetch size (scripts/l2pf_sweep.py)
-  section "L2 prefetch sweep ($L2PF_SWEEP)"
-  python3 scripts/l2pf_sweep.py --batch "$L2PF_SWEEP" --sizes "${L2PF_SIZES:-0,4M,8M,16M,32M}" \
-    --json "$OUT/l2pf.json" > /tmp/l2.log 2>&1; rc=$?
-  cat /tmp/l2.log; cp /tmp/l2.log "$OUT/l2pf.txt"
-  note "l2pf sweep" "rc=$rc"
-fi
-
 if [ -n "${ATTN_SWEEP:-}" ]; then  # cubin from `python3 scripts/attn_sweep.py build` (CPU machine)
   section "attn sweep ($ATTN_SWEEP)"
   python3 scripts/attn_sweep.py run "$ATTN_SWEEP" "$OUT/attn_sweep.json" > /tmp/asw.log 2>&1; rc=$?

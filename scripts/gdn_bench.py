@@ -83,7 +83,7 @@ class Case:
              np.int32(self.ld), np.int32(self.ba_off), ptr(int(self.conv_w)), ptr(int(self.A_log)),
              ptr(int(self.dt_bias)), ptr(int(self.norm_w)), np.float32(1e-6), ptr(int(self.rings[k])),
              ptr(int(self.arr)), ptr(int(self.states[k])), ptr(int(self.pos)), ptr(int(self.ntok)),
-             ptr(int(self.out)), ptr(0), ptr(0), np.int32(0)]   # no L2 prefetch (PF_PARAMS)
+             ptr(int(self.out))]
         return a
 
     def grid(self):

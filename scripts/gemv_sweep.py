@@ -32,8 +32,10 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # XS, ZS, MB[, XT]) of wgmma_q4 (kernels/wgmma_q4.cuh; XT = 1 is given x in tile order, made on
 # the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
-    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 2, 1),
-             ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 2, 1, 4, 1)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 2, 1, 6, 1),
+             ("w", 1, 1, 3, 1, 4, 1), ("w", 1, 1, 4, 1, 4, 1, 1), ("w", 1, 1, 3, 1, 3, 1, 1)]),
+    4: (32, [("b", 2, 2, 0, 0), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 1, 3, 1),
+             ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 3, 1, 3, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
@@ -42,7 +44,8 @@ SWEEP = {
 # (-v7-gemv-sweep-xt.txt), XT with PP (-v7-gemv-sweep-xt-pp.txt; -v7-gemv-sweep-pp.txt is PP
 # alone, in code since changed) and, last, MW = 2 with XT at 64 rows: the table above
 # (-v7-gemv-sweep-mw2.txt). Version 8: three and four blocks per SM (MB) at 64 rows with fewer
-# ring stages, against the 2.06 waves of gate_up's 544 blocks on 264 slots (the table above).
+# ring stages (-v8-gemv-sweep-mb.txt: XS = 2, MB = 3 took gate_up and the lm_head), then the same
+# at 16 and 32 rows (the table above).
 # The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4,
 # the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4;
 # bench/NOTES.md) added configs of code that is gone.
