@@ -33,9 +33,10 @@ SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 512
 # the host by weights.tile_activations); the first is the bitwise reference of its NT.
 SWEEP = {
     2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 2, 1, 6, 1),
-             ("w", 1, 1, 3, 1, 4, 1), ("w", 1, 1, 4, 1, 4, 1, 1), ("w", 1, 1, 3, 1, 3, 1, 1)]),
+             ("w", 1, 1, 3, 1, 4, 1), ("w", 1, 1, 4, 1, 4, 1, 1), ("w", 1, 1, 3, 1, 3, 1, 1),
+             ("w", 1, 1, 2, 8, 4, 1)]),
     4: (32, [("b", 2, 2, 0, 0), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 1, 3, 1),
-             ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 3, 1, 3, 1)]),
+             ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 8, 3, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
