@@ -99,8 +99,12 @@ struct AttnPrepLaunch {
 //       registers hold loads in flight). Scheduling only (zero-filled slots past the split).
 //   SP  slots per split (the split rule's `split`). Changes the arithmetic: one value at every B.
 //   MB  minimum blocks per SM for __launch_bounds__ (0: not given). Scheduling only.
+//   RX  1: the GH·U scores of a warp step are summed over the warp by one transposed butterfly
+//       (xsum_transposed: each level exchanges half of the values still held) and then read from
+//       their owner lanes, ~50 shuffles a step instead of 5 per score (120 at GH·U = 24). The
+//       same pairs are added at every level, so the sums are warp_sum's bits. Scheduling only.
 template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
-          int SP = 64, int MB = 0>
+          int SP = 64, int MB = 0, int RX = 0>
 struct AttnLaunch {
   static constexpr int G = H / HKV;
   static constexpr int GH = G / HG;  // heads per warp
@@ -234,8 +238,49 @@ __device__ __forceinline__ void kv_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Warp sums of N values at once: level O (16, 8, 4, 2, 1, as warp_sum) adds each value to the
+// one of lane ^ O, and while the count held is even, a lane keeps only half of them (the upper
+// half where lane & O is set) and sends its partner the other half. Every sum is formed by the
+// same pairs in the same order as warp_sum's, so it has warp_sum's bits. Afterwards value j is
+// held in slot XOwner<N>::slot(j) of lane XOwner<N>::lane(j) (and of the lanes that differ from
+// it only in the bits of the full levels).
+template <int N, int O, int V>
+__device__ __forceinline__ void xsum_transposed(float (&v)[V], int lane) {
+  if constexpr (O > 0) {
+    if constexpr (N % 2 == 0) {
+      const bool hi = lane & O;
+#pragma unroll
+      for (int k = 0; k < N / 2; ++k) {
+        const float send = hi ? v[k] : v[N / 2 + k];
+        const float keep = hi ? v[N / 2 + k] : v[k];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+      }
+      xsum_transposed<N / 2, O / 2>(v, lane);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], O);
+      xsum_transposed<N, O / 2>(v, lane);
+    }
+  }
+}
+template <int N>
+struct XOwner {
+  __host__ __device__ static constexpr int lane(int j) {
+    int n = N, l = 0;
+    for (int o = 16; o > 0 && n % 2 == 0; o >>= 1, n /= 2)
+      if (j >= n / 2) l |= o, j -= n / 2;
+    return l;
+  }
+  __host__ __device__ static constexpr int slot(int j) {
+    int n = N;
+    for (int o = 16; o > 0 && n % 2 == 0; o >>= 1, n /= 2)
+      if (j >= n / 2) j -= n / 2;
+    return j;
+  }
+};
+
 template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
-          int SP = 64, int MB = 0>
+          int SP = 64, int MB = 0, int RX = 0>
 __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
                                      int ld, const bf16* __restrict__ kc,
                                      const bf16* __restrict__ vc, int tmax,
@@ -244,7 +289,7 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
                                      bf16* __restrict__ o) {
   static_assert(D == 256, "attn: a warp owns one head of 256 dims, 8 per lane");
   static_assert(H % HKV == 0, "attn: H must be a multiple of HKV");
-  using L = AttnLaunch<D, H, HKV, PT, NW, U, HG, ST, SP, MB>;
+  using L = AttnLaunch<D, H, HKV, PT, NW, U, HG, ST, SP, MB, RX>;
   constexpr int G = L::G, GH = L::GH, GR = L::merge_heads, PF = L::part_floats;
   constexpr int NT = L::threads, STEP = L::step;
   static_assert(G % HG == 0, "attn: head groups must tile G");
@@ -335,16 +380,39 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
     // One step of warp ws: slots s0 … s0 + U − 1 (s0 < s_end), K/V in kr, vr (zero past s_end).
     auto step_math = [&](const uint4 (&kr)[U], const uint4 (&vr)[U], int s0) {
       float sc[GH][U];
+      if constexpr (RX) {
+        float d[GH * U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float k[8];
-        unpack_bf16x8(kr[u], k);
+        for (int u = 0; u < U; ++u) {
+          float k[8];
+          unpack_bf16x8(kr[u], k);
 #pragma unroll
-        for (int g = 0; g < GH; ++g) {
-          float d = 0.f;
+          for (int g = 0; g < GH; ++g) {
+            float a = 0.f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
-          sc[g][u] = warp_sum(d);
+            for (int i = 0; i < 8; ++i) a = fmaf(q[g][i], k[i], a);
+            d[g * U + u] = a;
+          }
+        }
+        xsum_transposed<GH * U, 16>(d, lane);
+        using X = XOwner<GH * U>;
+#pragma unroll
+        for (int g = 0; g < GH; ++g)
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            sc[g][u] = __shfl_sync(0xffffffffu, d[X::slot(g * U + u)], X::lane(g * U + u));
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          float k[8];
+          unpack_bf16x8(kr[u], k);
+#pragma unroll
+          for (int g = 0; g < GH; ++g) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
+            sc[g][u] = warp_sum(d);
+          }
         }
       }
 #pragma unroll

@@ -37,6 +37,8 @@ SWEEP = {
              ("w", 1, 1, 2, 8, 4, 1)]),
     4: (32, [("b", 2, 2, 0, 0), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 1, 3, 1),
              ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 8, 3, 1)]),
+    8: (64, [("w", 4, 1, 3, 8, 1, 1), ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 3, 8, 3, 1),
+             ("w", 2, 1, 2, 8, 2, 1), ("w", 1, 1, 2, 4, 3, 1)]),
 }
 # Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
