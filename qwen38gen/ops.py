@@ -487,6 +487,9 @@ ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H20
 # B = 64; with few (row, kv head) pairs, 3 head groups per block do better (B = 1: 16.2 -> 13.4 us).
 ATTN_NW, ATTN_U = 4, 4
 ATTN_ST, ATTN_MB = 4, 0
+# RX (version 8): a warp step's scores summed by one transposed butterfly instead of a warp_sum
+# each; the same bits (scheduling only).
+ATTN_RX = 0
 ATTN_HG_FEW = 3         # head groups when a launch has at most ATTN_FEW_PAIRS (row, kv head) pairs
 ATTN_FEW_PAIRS = 16
 
@@ -536,7 +539,7 @@ def attn_smem(cfg: ModelConfig) -> int:
 def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     targs = (f"{d}, {h}, {hkv}, {pt}, {ATTN_NW}, {ATTN_U}, {hg}, {ATTN_ST}, {ATTN_SPLIT}, "
-             f"{ATTN_MB}")
+             f"{ATTN_MB}, {ATTN_RX}")
     A = f"q38::AttnLaunch<{targs}>"
     threads, smem = 32 * ATTN_NW * hg, attn_smem(cfg)
     return Entry(

@@ -63,7 +63,7 @@ def _kernels(H: int, HKV: int, PT: int, hg: int = 1):
         tag = f"h{H}_kv{HKV}_pt{PT}_hg{hg}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
         knobs = (f"{ops.ATTN_NW}, {ops.ATTN_U}, {hg}, {ops.ATTN_ST}, {ops.ATTN_SPLIT}, "
-                 f"{ops.ATTN_MB}")
+                 f"{ops.ATTN_MB}, {ops.ATTN_RX}")
         A = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>"
         src = f"""
 #include "attention.cuh"
