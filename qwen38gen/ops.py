@@ -255,15 +255,21 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
 # 370 at 32. Version 8 (bench/2026-12-03-h200-v8-gemv-sweep-mb.txt): two ring stages and three
 # blocks per SM (138 registers, 3 x 40 KiB of ring) take gate_up at 64 rows from 86.2 (PP) to
 # 72.2 us and the lm_head from 442 to 403; the in projections (one wave at two blocks per SM)
-# stay, 41.7 against 31.3 with two stages. Used where the caller's producer can write the order.
+# stay, 41.7 against 31.3 with two stages. The second sweep (-v8-gemv-sweep-mb2.txt): one
+# warpgroup per block at three blocks per SM also for the split down projection (64 rows: 45.1
+# against 60.5 us at WG 4; 32 rows, now in tile order: 30.6 against gemv_q4's 48.3), gate_up at
+# 32 rows (54.0 against 68.3 with PP) and the 32-row lm_head (289.7 at four blocks per SM against
+# ~320). At 16 rows gemv_q4 stays ahead on every shape but the lm_head (221 against 241 us, a
+# single launch: not taken). Used where the caller's producer can write the order.
 WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
     (64, "gate_up"): (1, 1, 2, 3, 0),
     (64, "in"): (1, 1, 4, 2, 0),
-    (64, "long"): (4, 1, 3, 1, 0),
+    (64, "long"): (1, 1, 3, 3, 0),
     (64, "lm_head"): (1, 1, 2, 3, 0),
-    (32, "gate_up"): (1, 1, 4, 2, 1),
+    (32, "gate_up"): (1, 1, 3, 3, 0),
     (32, "in"): (1, 1, 4, 2, 1),
-    (32, "lm_head"): (2, 1, 4, 1, 0),
+    (32, "long"): (1, 1, 2, 3, 0),
+    (32, "lm_head"): (1, 1, 2, 4, 0),
 }
 
 
@@ -488,8 +494,9 @@ ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H20
 ATTN_NW, ATTN_U = 4, 4
 ATTN_ST, ATTN_MB = 4, 0
 # RX (version 8): a warp step's scores summed by one transposed butterfly instead of a warp_sum
-# each; the same bits (scheduling only).
-ATTN_RX = 0
+# each; the same bits (scheduling only). bench/2026-12-03-h200-v8-attn-sweep.txt, us per layer:
+# B = 16 49.9 -> 46.5, B = 64 153.0 -> 139.3, B = 1 (HG 3) 21.0 -> 21.2.
+ATTN_RX = 1
 ATTN_HG_FEW = 3         # head groups when a launch has at most ATTN_FEW_PAIRS (row, kv head) pairs
 ATTN_FEW_PAIRS = 16
 
