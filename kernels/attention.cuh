@@ -379,21 +379,20 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
     }
     // One step of warp ws: slots s0 … s0 + U − 1 (s0 < s_end), K/V in kr, vr (zero past s_end).
     auto step_math = [&](const uint4 (&kr)[U], const uint4 (&vr)[U], int s0) {
-      float sc[GH][U];
-      if constexpr (RX) {
-        float d[GH * U];
+      float sc[GH][U], d[GH * U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float k[8];
-          unpack_bf16x8(kr[u], k);
+      for (int u = 0; u < U; ++u) {
+        float k[8];
+        unpack_bf16x8(kr[u], k);
 #pragma unroll
-          for (int g = 0; g < GH; ++g) {
-            float a = 0.f;
+        for (int g = 0; g < GH; ++g) {
+          float a = 0.f;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) a = fmaf(q[g][i], k[i], a);
-            d[g * U + u] = a;
-          }
+          for (int i = 0; i < 8; ++i) a = fmaf(q[g][i], k[i], a);
+          d[g * U + u] = a;
         }
+      }
+      if constexpr (RX) {
         xsum_transposed<GH * U, 16>(d, lane);
         using X = XOwner<GH * U>;
 #pragma unroll
@@ -403,17 +402,9 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
             sc[g][u] = __shfl_sync(0xffffffffu, d[X::slot(g * U + u)], X::lane(g * U + u));
       } else {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float k[8];
-          unpack_bf16x8(kr[u], k);
+        for (int g = 0; g < GH; ++g)
 #pragma unroll
-          for (int g = 0; g < GH; ++g) {
-            float d = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) d = fmaf(q[g][i], k[i], d);
-            sc[g][u] = warp_sum(d);
-          }
-        }
+          for (int u = 0; u < U; ++u) sc[g][u] = warp_sum(d[g * U + u]);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u)
