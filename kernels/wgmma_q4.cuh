@@ -39,7 +39,10 @@
 // groups, so group g's wgmmas are waited for (wait_group 1) only after group g+1's are issued;
 // the ring then copies XS - 2 groups ahead, since group g-1's wgmmas may still read their stage.
 // Written as a steady-state loop over two compile-time sets, ptxas keeps the wgmmas async (no
-// C751x serialization). It wins at 32 rows (bench/NOTES.md, version 7).
+// C751x serialization). It wins for the 32-row in projections (bench/NOTES.md, version 7). Where
+// a launch has many blocks (gate_up, the lm_head, split-K down projections), one warpgroup per
+// block with two or three ring stages at three or four blocks per SM (MB) does better: more
+// independent per-group chains per SM (version 8).
 //
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
 // scratch and the `arrivals` counters, merged in part order by the last block to arrive).
