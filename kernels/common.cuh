@@ -109,13 +109,18 @@ namespace q38 {
 // r goes to k-step 4h + 2ih + t/2, half t%2, core row n8 of n-block nb, word j. So the four
 // chunks j = 0..3 of one (gi, h, ih) fill four whole 16-byte core rows, one per t: this stores
 // them (chunk j in v[j]).
+// The 16-byte core row of row r in group gi, k-step ks (0..7), half hf (0, 1) of that order.
+template <int NT>
+__device__ __forceinline__ char* xtile_row(bf16* base, int K, int r, int gi, int ks, int hf) {
+  constexpr int btg = 8 * NT;
+  const int rb = r / btg, n = r % btg;
+  return reinterpret_cast<char*>(base) + ((size_t)rb * (K >> 7) + gi) * (2048 * NT) +
+         (ks * NT + (n >> 3)) * 256 + hf * 128 + (n & 7) * 16;
+}
 template <int NT>
 __device__ __forceinline__ void xtile_store(bf16* base, int K, int r, int gi, int h, int ih,
                                             const uint4 (&v)[4]) {
-  constexpr int btg = 8 * NT;
-  const int rb = r / btg, n = r % btg, nb = n >> 3, n8 = n & 7;
-  char* t = reinterpret_cast<char*>(base) + ((size_t)rb * (K >> 7) + gi) * (2048 * NT) +
-            ((4 * h + 2 * ih) * NT + nb) * 256 + n8 * 16;
+  char* t = xtile_row<NT>(base, K, r, gi, 4 * h + 2 * ih, 0);
   *reinterpret_cast<uint4*>(t) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);                 // t = 0
   *reinterpret_cast<uint4*>(t + 128) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);           // t = 1
   *reinterpret_cast<uint4*>(t + NT * 256) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);      // t = 2

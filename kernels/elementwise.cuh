@@ -47,9 +47,9 @@ __device__ __forceinline__ void embed_gather(const bf16* __restrict__ E, const i
 template <int F, int TNT = 0>
 struct SwigluLaunch {
   static constexpr int threads = 256;
-  static constexpr int columns = TNT ? 128 : 8;   // per thread in rows; per block in tile order
-  static constexpr int rows = TNT ? 16 : 1;       // per block
-  static constexpr int grid_x = TNT ? F / 128 : (F / 8 + threads - 1) / threads;  // grid = (grid_x, ceil(R / rows))
+  static constexpr int columns = 8;          // per thread, in rows (TNT = 0)
+  static constexpr int rows = TNT ? 16 : 1;  // per block; in tile order one group of 128 columns
+  static constexpr int grid_x = TNT ? F / 128 : (F / columns + threads - 1) / threads;  // grid = (grid_x, ceil(R / rows))
 };
 
 __device__ __forceinline__ uint4 swiglu8(const bf16* g_at, const bf16* u_at) {
@@ -87,11 +87,7 @@ __device__ __forceinline__ void swiglu_tiled(const bf16* __restrict__ gu, bf16* 
   // k-step ks = 4·kt + 2·ih + t/2 and half hf = t % 2: word t of chunks 8·kt + 2j + ih, j = 0..3.
   const int kt = ks >> 2, ih = (ks >> 1) & 1, t = 2 * (ks & 1) + hf;
   const uint32_t* w = sh + rl * RW + 4 * (8 * kt + ih) + t;
-  constexpr int btg = 8 * TNT;
-  const int rb = r / btg, nb = (r % btg) >> 3;
-  char* dst = reinterpret_cast<char*>(h) + ((size_t)rb * (F >> 7) + gi) * (2048 * TNT) +
-              (ks * TNT + nb) * 256 + hf * 128 + n8 * 16;
-  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[8], w[16], w[24]);
+  *reinterpret_cast<uint4*>(xtile_row<TNT>(h, F, r, gi, ks, hf)) = make_uint4(w[0], w[8], w[16], w[24]);
 }
 
 // R: rows of gu (only the tile order, TNT > 0, reads it: its blocks take 16 rows each).

@@ -48,10 +48,10 @@ SWEEP = {
 # alone, in code since changed) and, last, MW = 2 with XT at 64 rows: the table above
 # (-v7-gemv-sweep-mw2.txt). Version 8: three and four blocks per SM (MB) at 64 rows with fewer
 # ring stages (-v8-gemv-sweep-mb.txt: XS = 2, MB = 3 took gate_up and the lm_head), then the same
-# at 16 and 32 rows (the table above).
-# The experiments of versions 5 and 6 (an L2 prefetch in gemv_q4,
-# the warp-specialized wgmma_ws_q4, gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4;
-# bench/NOTES.md) added configs of code that is gone.
+# at 16 and 32 rows and split-K at 64 (the table above, -v8-gemv-sweep-mb2.txt). The experiments
+# of versions 5 and 6 (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4,
+# gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4; bench/NOTES.md) added configs of
+# code that is gone.
 KS_MAX = 8
 
 
