@@ -73,12 +73,23 @@ __device__ __forceinline__ void q4_zero(float (&v)[MT][NT][4]) {
 // The arithmetic of a group, shared by gemv_q4 and gemm_q4 (their bits must agree): one k-step
 // for one m-tile, the 8 int4 codes of weight word wi (this lane's share of the A fragment) times
 // the B fragments {b0[j], b1[j]} of NT n-tiles into the unscaled partials part[j] ...
-template <int NT>
+// (AB: ablations for scripts/gemv_sweep.py only, wrong results, 0 in every program: bit 1
+// the lop3 without the sub, 2 no unpacking at all, 4 no mma.)
+template <int NT, int AB = 0>
 __device__ __forceinline__ void q4_kstep(float (&part)[NT][4], uint32_t wi, const uint32_t (&b0)[NT],
                                          const uint32_t (&b1)[NT]) {
-  const uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
+  uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
+  if constexpr (AB & 3) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) mma_bf16_16816(part[j], a, b0[j], b1[j]);
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (AB & 2) a[j] = wi + j;
+      else asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(a[j]) : "r"(wi >> (4 * j)), "r"(0x000f000fu), "r"(0x43004300u));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+    if constexpr (!(AB & 4)) mma_bf16_16816(part[j], a, b0[j], b1[j]);
+    else asm volatile("" : "+f"(part[j][0]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0[j]), "r"(b1[j]));
 }
 
 // ... and, after the group's 8 k-steps, acc += scale * part in fp32 (sw: the bf16 scales of rows
@@ -112,7 +123,7 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32. MT, NT, ST,
 // XS and AS change only the schedule, so a row's result depends only on K and KS (the split of
 // the groups into KS parts, summed in part order).
-template <int K, int MT, int NT, int ST, int XS, int AS = 0>
+template <int K, int MT, int NT, int ST, int XS, int AS = 0, int AB = 0>
 struct GemvWarp {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
@@ -239,7 +250,7 @@ struct GemvWarp {
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           const uint4& wv = w[rs][m][h];
-          q4_kstep<NT>(part[m], i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w, b0, b1);
+          q4_kstep<NT, AB>(part[m], i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w, b0, b1);
         }
       }
 #pragma unroll
@@ -312,10 +323,10 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
 // live in shared memory, filled by cp.async (GemvWarp), 0 = in registers.
 // MT, NT, ST, XS and AS change neither the arithmetic nor its order, only how it is scheduled: a
 // row's result is bitwise the same for every choice of them (KS does change the sum order).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0>
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int AB = 0>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
-  using Wp = GemvWarp<K, MT, NT, ST, XS, AS>;
+  using Wp = GemvWarp<K, MT, NT, ST, XS, AS, AB>;
   constexpr int NG = Wp::NG, V = Wp::V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rt0 = blockIdx.x * MT;  // first row tile of this block
