@@ -74,7 +74,7 @@ __device__ __forceinline__ void q4_zero(float (&v)[MT][NT][4]) {
 // for one m-tile, the 8 int4 codes of weight word wi (this lane's share of the A fragment) times
 // the B fragments {b0[j], b1[j]} of NT n-tiles into the unscaled partials part[j] ...
 // (AB: ablations for scripts/gemv_sweep.py only, wrong results, 0 in every program: bit 1
-// the lop3 without the sub, 2 no unpacking at all, 4 no mma.)
+// the lop3 without the sub, 2 no unpacking at all.)
 template <int NT, int AB = 0>
 __device__ __forceinline__ void q4_kstep(float (&part)[NT][4], uint32_t wi, const uint32_t (&b0)[NT],
                                          const uint32_t (&b1)[NT]) {
@@ -87,9 +87,7 @@ __device__ __forceinline__ void q4_kstep(float (&part)[NT][4], uint32_t wi, cons
     }
   }
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
-    if constexpr (!(AB & 4)) mma_bf16_16816(part[j], a, b0[j], b1[j]);
-    else asm volatile("" : "+f"(part[j][0]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0[j]), "r"(b1[j]));
+  for (int j = 0; j < NT; ++j) mma_bf16_16816(part[j], a, b0[j], b1[j]);
 }
 
 // ... and, after the group's 8 k-steps, acc += scale * part in fp32 (sw: the bf16 scales of rows

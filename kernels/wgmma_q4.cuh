@@ -59,7 +59,7 @@
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0, int CL = 1>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 struct WgmmaLaunch {
   static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
   static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
@@ -67,7 +67,6 @@ struct WgmmaLaunch {
   static_assert(ZS >= 1 && KS % ZS == 0, "wgmma_q4: ZS must divide KS");
   static_assert(XT == 0 || XT == 1, "wgmma_q4: XT is 0 or 1");
   static_assert(PP == 0 || (PP == 1 && XT == 1 && XS >= 3), "wgmma_q4: PP = 1 needs XT = 1, XS >= 3");
-  static_assert(CL == 1 || ((CL == 2 || CL == 4) && XT == 1), "wgmma_q4: CL = 2 or 4 needs XT = 1");
   static constexpr int x_slots = XT ? XS : 2;                   // activation tiles in smem
   static constexpr int threads = 128 * WG;
   static constexpr int rows_per_block = 64 * WG * MW;
@@ -79,9 +78,7 @@ struct WgmmaLaunch {
   static constexpr int values = MW * NT * 4;                    // accumulators per thread
   static constexpr int sum_bytes = KS > 1 && ZS == 1 ? threads * values * 4 : 0;
   static constexpr int part_floats = KS * threads * values;     // per row block (ZS > 1)
-  // CL > 1: full[XS], empty[XS] (the AB 64 experiment of the sweep gets them from its padding)
-  static constexpr int bar_bytes = CL > 1 ? 2 * XS * 8 : 0;       // CL > 1: full[XS], empty[XS]
-  static constexpr int dyn_smem_bytes = XS * w_stage_bytes + x_slots * x_stage_bytes + sum_bytes + bar_bytes;
+  static constexpr int dyn_smem_bytes = XS * w_stage_bytes + x_slots * x_stage_bytes + sum_bytes;
 };
 
 // One wgmma.m64nNk16 (N = 8*NT), bf16 x bf16 -> fp32, A from registers (this warp's m16k16
@@ -151,75 +148,23 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
-// CL > 1: mbarriers (shared addresses as __cvta_generic_to_shared gives) and the cluster.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also expects `bytes` more transaction bytes before the phase completes.
-__device__ __forceinline__ void mbar_arrive_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One arrival on the mbarrier at the same offset in CTA `cta` of the cluster.
-__device__ __forceinline__ void mbar_arrive_at(unsigned bar, unsigned cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta) : "memory");
-}
-// Until the phase of parity `parity` has completed (CS: acquire at cluster scope, for arrivals
-// from other CTAs of the cluster; else the bytes of copies into this CTA).
-template <bool CS>
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  if constexpr (CS)
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n}" ::"r"(bar), "r"(parity)
-        : "memory");
-  else
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n}" ::"r"(bar), "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// `bytes` (a multiple of 16) global -> the same shared offset `dst` of every CTA in `mask`,
-// completing on the mbarrier at offset `bar` of each (the bulk copy, no tensor map).
-__device__ __forceinline__ void bulk_copy_multicast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
-                                                    unsigned short mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
 // Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
-// tile order; PP: two register sets in flight; CL: CTAs of a cluster sharing each activation
-// tile (XT = 1; grid.x a multiple of CL). AB: ablations for scripts/gemv_sweep.py only,
+// tile order; PP: two register sets in flight. AB: ablations for scripts/gemv_sweep.py only,
 // timing without a part of the work (wrong results; 0 in every program): bit 1 no wgmma, 2 no
 // dequant (raw words as A), 4 no scaling, 8 no activation-tile copies and 16 no weight copies
 // after the first stages, 32 no block barrier.
 template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0,
-          int CL = 1, int AB = 0>
+          int AB = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT, PP, CL>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT, PP>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
   // D: groups copied ahead. PP = 1 keeps one more stage untouched: group g-1's wgmmas may still
   // read its activation tile while group g+1 is issued.
@@ -261,38 +206,6 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
     for (int i = tid; i < XB / 16; i += T) cp_async16_s(d + 16 * i, src + 16 * i);
   };
-  // CL > 1: the CL CTAs of a cluster (consecutive row blocks, the same batch tile and parts)
-  // share every activation tile: CTA `rank` copies the rank-th CL-th of it into stage s of all
-  // of them at once (a multicast bulk copy). full[s] counts the tile's bytes landing in this CTA;
-  // empty[s] completes once all CL CTAs are done with what stage s held, before anyone refills it.
-  constexpr int CB = XB / CL;
-  const unsigned bars = smem0 + XO + L::x_slots * XB + L::sum_bytes;
-  auto full = [&](int s) { return bars + 8 * s; };
-  auto empty = [&](int s) { return bars + 8 * (XS + s); };
-  unsigned rank = 0, full_ph = 0, empty_ph = 0;  // parities: bit s = the phase of stage s awaited
-  // (AB bit 64, an experiment: the same mbarrier ring at CL = 1, one bulk copy of the tile.)
-  constexpr bool TM = CL > 1 || (AB & 64);
-  auto load_xt_cl = [&](int s, int gi) {          // thread 0 only
-    mbar_arrive_tx(full(s), XB);
-    const char* src = reinterpret_cast<const char*>(x) + ((size_t)blockIdx.y * NG + gi) * XB + rank * CB;
-    if constexpr (CL > 1)
-      bulk_copy_multicast(smem0 + XO + s * XB + rank * CB, src, CB, full(s), (unsigned short)((1 << CL) - 1));
-    else
-      bulk_copy(smem0 + XO + s * XB, src, XB, full(s));
-  };
-  if constexpr (TM) {
-    if constexpr (CL > 1) rank = cluster_rank();
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < XS; ++s) {
-        mbar_init(full(s), 1);
-        mbar_init(empty(s), CL);
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    if constexpr (CL > 1) cluster_sync();  // every CTA's mbarriers exist before anyone copies into it
-    else __syncthreads();
-  }
   // The activation tile of a group, in two steps a group apart: load_x reads this thread's units
   // (row n, k-tile h, half ih: the 16 bytes at 32j + 16ih of the row's 128-byte k-tile, j = 0..3)
   // into registers; store_x writes them as 4 core-matrix rows, row t (t = 0..3) holding word t
@@ -342,10 +255,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     pdl_wait();  // x comes from the previous kernel
 #pragma unroll
     for (int s = 0; s < D; ++s) {
-      if (gb + s < ge) {
-        if constexpr (!TM) load_xt(s, gb + s);
-        else if (tid == 0) load_xt_cl(s, gb + s);
-      }
+      if (gb + s < ge) load_xt(s, gb + s);
       cp_async_commit();  // D commit groups, even with fewer groups
     }
   } else {
@@ -387,18 +297,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
                              // barrier)
     if (gi + D < ge) {
       if constexpr (!(AB & 16)) load_w(s_fill, gi + D);
-      if constexpr (XT && !TM && !(AB & 8)) load_xt(s_fill, gi + D);
-      if constexpr (TM) {
-        if (tid == 0) {
-          // This CTA is done with stage s_fill (as above); tell every CTA of the cluster, and
-          // refill it once they all are.
-#pragma unroll
-          for (int r = 0; r < CL; ++r) mbar_arrive_at(empty(s_fill), r);
-          mbar_wait<true>(empty(s_fill), (empty_ph >> s_fill) & 1);
-          load_xt_cl(s_fill, gi + D);
-        }
-        empty_ph ^= 1u << s_fill;
-      }
+      if constexpr (XT && !(AB & 8)) load_xt(s_fill, gi + D);
     }
     cp_async_commit();
     s_fill = s_fill == XS - 1 ? 0 : s_fill + 1;
@@ -433,10 +332,6 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       for (int b = 0; b < MW; ++b)
 #pragma unroll
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[p][b][k][j]));
-    }
-    if constexpr (TM) {
-      mbar_wait<false>(full(s_use), (full_ph >> s_use) & 1);  // group gi's activation tile has landed
-      full_ph ^= 1u << s_use;
     }
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
@@ -508,7 +403,6 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
-  if constexpr (CL > 1) cluster_sync();  // nor may a peer still arrive on this CTA's mbarriers
 
   // Value v = (b*NT + j)*4 + e of this thread: output feature n, activation row r.
   auto out_index = [&](int v, int& n, int& r) {

@@ -198,16 +198,13 @@ def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
 
 # wgmma_q4 (kernels/wgmma_q4.cuh, sm_90a): gemv_q4's arithmetic on warpgroup MMA, the four warps
 # of a warpgroup owning 64 rows and the activation tile in shared memory as the B operand.
-def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int, xt: int = 0,
-               cl: int = 1) -> int:
+def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int, xt: int = 0) -> int:
     """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes): the weight
-    ring, the activation tiles (XT = 1: one per ring stage, else two), the part sums and, in a
-    cluster (cl > 1), two mbarriers per stage."""
+    ring, the activation tiles (XT = 1: one per ring stage, else two), the part sums."""
     ks = min(GEMV_KS, k // 128)
     sums = 128 * wg * mw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
     slots = xs if xt else 2
-    bars = 2 * xs * 8 if cl > 1 else 0
-    return xs * 4 * wg * mw * 66 * 16 + slots * 8 * nt * 256 + sums + bars
+    return xs * 4 * wg * mw * 66 * 16 + slots * 8 * nt * 256 + sums
 
 
 def wgmma_part_floats(k: int, nt: int, wg: int, mw: int) -> int:

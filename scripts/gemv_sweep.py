@@ -52,15 +52,18 @@ SWEEP = {
 # at 16 and 32 rows and split-K at 64 (the table above, -v8-gemv-sweep-mb2.txt). The experiments
 # of versions 5 and 6 (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4,
 # gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4; bench/NOTES.md) added configs of
-# code that is gone.
+# code that is gone. Version 9: the ablations below (-v9-gemv-ablate.txt; gemv_q4's bit 4, no
+# mma, measured faster than the weights can stream, so the compiler dropped more than the mma:
+# left out since) and CL, CTAs of a cluster sharing each activation tile by multicast (commit
+# ea5e035; bitwise right and 2-4x slower, -v9-gemv-cluster*.txt; removed).
 # GEMV_SWEEP=ablate: the program's 64-row wgmma_q4 schedules with parts of their work left out
 # (the AB bits of kernels/wgmma_q4.cuh; timing only, the results are wrong), on GEMV_SHAPES.
 ABLATE = {
     8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1)]
         + [("w", 1, 1, 2, 1, 3, 1, 0, ab) for ab in (1, 2, 4, 8, 16, 32, 3, 7, 24, 31)]
         + [("w", 1, 1, 4, 1, 2, 1, 0, ab) for ab in (1, 2, 8, 16, 7, 24)]),
-    2: (16, [("b", 2, 2, 0, 0)] + [("b", 2, 2, 0, 0, ab) for ab in (1, 2, 4, 6)]),
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0)] + [("b", 1, 2, 0, 0, ab) for ab in (1, 2, 6)]),
+    2: (16, [("b", 2, 2, 0, 0)] + [("b", 2, 2, 0, 0, ab) for ab in (1, 2)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0)] + [("b", 1, 2, 0, 0, ab) for ab in (1, 2)]),
 }
 # An ablated instance needs fewer registers and would fit more blocks per SM than the schedule it
 # takes apart; shared memory it does not use keeps it at that schedule's blocks per SM (gemv_q4
@@ -79,29 +82,8 @@ def ablate_smem(nt, cfg, smem):
     return max(smem, 228 * 1024 // (blocks + 1))
 
 
-# GEMV_SWEEP=cluster: the program's XT schedules at 32 and 64 rows, alone and with CL = 2 or 4
-# CTAs of a cluster sharing each activation tile (one multicast copy instead of CL).
-CLUSTER = {
-    8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 3, 8, 3, 1)]
-        + [c + (0, 0, cl) for c in (("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 2, 1, 3, 1),
-                                    ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 3, 8, 3, 1))
-           for cl in (2, 4)]
-        + [("w", 1, 1, 2, 1, 4, 1, 0, 0, 2), ("w", 1, 1, 4, 1, 3, 1, 0, 0, 4)]),
-    4: (32, [("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 8, 3, 1),
-             ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 4, 1, 2, 1, 1, 0, 2), ("w", 1, 1, 3, 1, 3, 1, 0, 0, 2),
-             ("w", 1, 1, 3, 1, 3, 1, 0, 0, 4), ("w", 1, 1, 2, 8, 3, 1, 0, 0, 2),
-             ("w", 1, 1, 2, 1, 4, 1, 0, 0, 2)]),
-}
 if os.environ.get("GEMV_SWEEP") == "ablate":
     SWEEP = ABLATE
-elif os.environ.get("GEMV_SWEEP") == "cluster":
-    SWEEP = CLUSTER
-elif os.environ.get("GEMV_SWEEP") == "cluster2":   # the tile by one bulk copy (AB 64), CL = 1, 2
-    SWEEP = {8: (64, [("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 2, 1, 3, 1),
-                      ("w", 1, 1, 4, 1, 2, 1, 0, 64), ("w", 1, 1, 2, 1, 3, 1, 0, 64),
-                      ("w", 1, 1, 4, 1, 2, 1, 0, 0, 2), ("w", 1, 1, 2, 1, 3, 1, 0, 0, 2),
-                      ("w", 1, 1, 2, 2, 3, 1), ("w", 1, 1, 2, 4, 3, 1), ("w", 1, 1, 3, 2, 3, 1),
-                      ("w", 1, 1, 2, 2, 4, 1)])}
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
@@ -112,18 +94,17 @@ def ks_of(k: int) -> int:
 
 
 def wcfg(cfg):
-    """("w", WG, MW, XS, ZS, MB[, XT[, PP[, AB[, CL]]]]) with XT (activations read in tile order),
-    PP (two register sets, one group's wgmmas in flight while the next is dequantized) and AB
-    (ablation bits) default 0, CL (CTAs of a cluster sharing each activation tile) 1."""
-    c = tuple(cfg) + (0,) * (9 - len(cfg))
-    return c + (1,) if len(c) == 9 else c
+    """("w", WG, MW, XS, ZS, MB[, XT[, PP[, AB]]]) with XT (activations read in tile order), PP
+    (two register sets, one group's wgmmas in flight while the next is dequantized) and AB
+    (ablation bits) default 0."""
+    return tuple(cfg) + (0,) * (9 - len(cfg))
 
 
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb, xt, pp, ab, cl = wcfg(cfg)
+        _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
         return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
-                + (f"_p{pp}" if pp else "") + (f"_a{ab}" if ab else "") + (f"_c{cl}" if cl > 1 else ""))
+                + (f"_p{pp}" if pp else "") + (f"_a{ab}" if ab else ""))
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -134,8 +115,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, xt, _, _, cl = wcfg(cfg)
-        return wgmma_smem(k, nt, wg, mw, xs, zs, xt, cl)
+        _, wg, mw, xs, zs, _, xt, _, _ = wcfg(cfg)
+        return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -146,9 +127,8 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, _, _, _, cl = wcfg(cfg)
+        _, wg, mw, xs, zs, _, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
-        gx = -(-gx // cl) * cl
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
@@ -177,9 +157,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, mw, xs, zs, mb, xt, pp, ab, cl = wcfg(cfg)
+            _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {cl}, {ab}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
@@ -187,9 +167,8 @@ def source() -> str:
             _, mt, st, xs, a, ab = tuple(cfg) + (0,) * (6 - len(cfg))
             threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}>"
         tail = ", part, arr" if cfg[0] in "wg" else ""
-        cld = f" __cluster_dims__({wcfg(cfg)[9]}, 1, 1)" if cfg[0] == "w" and wcfg(cfg)[9] > 1 else ""
         out.append(
-            f'extern "C" __global__ void __launch_bounds__({threads}, {mb}){cld} {name(k, nt, cfg)}('
+            f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
             "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
             f"int ldy, int N, int R, float* part, int* arr) {{ q38::{call}(qw, sc, x, ldx, y, "
             f"ldy, N, R{tail}); }}")
