@@ -76,6 +76,24 @@ __device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
   return last;
 }
 
+// ... and merges: its value v (of V per thread) is the sum of the KS parts' partials, part p's
+// at slot(p) + v * stride, added in part order from 0.f, then stored where index(v, n, r) says.
+// gemm_q4 and wgmma_q4 share it, so a split row's bits do not depend on which kernel split it.
+template <int KS, int EPI, class Slot, class Index>
+__device__ __forceinline__ void split_merge_store(int V, int stride, Slot slot, Index index, bf16* y, int ldy,
+                                                  int N, int R) {
+  __threadfence();
+#pragma unroll 1
+  for (int v = 0; v < V; ++v) {
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < KS; ++p) s += __ldcg(slot(p) + v * stride);
+    int n, r;
+    index(v, n, r);
+    gemv_store<EPI>(y, ldy, n, r, N, R, s);
+  }
+}
+
 // MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the
 // parts of K (as gemv_q4: min(8, K/128)); EPI: GemvEpilogue; WR: warps per block, on different
 // rows; ST: ring stages (ST-1 groups in flight while one is multiplied); ZS: blocks splitting
@@ -227,16 +245,8 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
     if (!split_last_arrival<ZS>(arrivals, blk) || !active) return;
-    __threadfence();
-#pragma unroll 1
-    for (int v = 0; v < V; ++v) {
-      float s = 0.f;
-#pragma unroll
-      for (int p = 0; p < KS; ++p) s += __ldcg(pslot(p) + v * 32);
-      int n, r;
-      gemv_out_index(v, NT, lane, rt0, r0, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, s);
-    }
+    split_merge_store<KS, EPI>(
+        V, 32, pslot, [&](int v, int& n, int& r) { gemv_out_index(v, NT, lane, rt0, r0, n, r); }, y, ldy, N, R);
     return;
   }
   if (!active) return;

@@ -413,16 +413,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
     if (!split_last_arrival<ZS>(arrivals, blk)) return;
-    __threadfence();
-#pragma unroll 1
-    for (int v = 0; v < V; ++v) {
-      float s = 0.f;
-#pragma unroll
-      for (int p = 0; p < KS; ++p) s += __ldcg(pslot(p) + v * T);
-      int n, r;
-      out_index(v, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, s);
-    }
+    split_merge_store<KS, EPI>(V, T, pslot, out_index, y, ldy, N, R);
   } else {
 #pragma unroll
     for (int b = 0; b < MW; ++b)
