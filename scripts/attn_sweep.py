@@ -7,8 +7,9 @@ RX) over the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1).
 Arithmetic classes: NW (slot warps), U (slots per warp step) and SP (slots per split) decide the
 order of a row's fp32 arithmetic; HG (head groups), ST (cp.async ring stages), MB (min blocks per
 SM), RX (the scores' warp sums as one transposed butterfly) and grid.x only reschedule it. Every
-variant of a class must give bitwise the output of the class's first variant (checked); a variant of another class is compared with the first variant of
-the sweep (the default schedule) within a relative L2 tolerance instead (reported as `tol`).
+variant of a class must give bitwise the output of the class's first variant (checked); a
+variant of another class is compared with the first variant of the sweep (the default schedule)
+within a relative L2 tolerance instead (reported as `tol`).
 Every row of a batch sees n = T slots. The K/V caches rotate over distinct per-layer buffers
 (≥ 8 of them, ≥ 256 MiB in all), so no launch finds its cache in L2 (50 MB). The split scratch
 (part) and the arrival counters are sized as ops.py sizes attn_part / attn_arrivals; the counters

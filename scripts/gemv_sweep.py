@@ -71,12 +71,11 @@ ABLATE = {
 ABLATE_BLOCKS = {2: 2, 1: 4}
 
 
-def ablation(cfg) -> int:
-    return wcfg(cfg)[8] if cfg[0] == "w" else (tuple(cfg) + (0,) * (6 - len(cfg)))[5]
-
-
-def ablate_smem(nt, cfg, smem):
-    if not ablation(cfg):
+def launch_smem(k, nt, cfg):
+    """Dynamic shared memory a launch asks for: smem_of, padded for an ablated instance."""
+    smem = smem_of(k, nt, cfg)
+    ablated = wcfg(cfg)[8] if cfg[0] == "w" else bcfg(cfg)[5] if cfg[0] == "b" else 0
+    if not ablated:
         return smem
     blocks = wcfg(cfg)[5] if cfg[0] == "w" else ABLATE_BLOCKS[nt]
     return max(smem, 228 * 1024 // (blocks + 1))
@@ -100,6 +99,11 @@ def wcfg(cfg):
     return tuple(cfg) + (0,) * (9 - len(cfg))
 
 
+def bcfg(cfg):
+    """("b", MT, ST, XS, AS[, AB]) with AB (ablation bits) default 0."""
+    return tuple(cfg) + (0,) * (6 - len(cfg))
+
+
 def name(k, nt, cfg):
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
@@ -108,7 +112,7 @@ def name(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a, ab = tuple(cfg) + (0,) * (6 - len(cfg))
+    _, mt, st, xs, a, ab = bcfg(cfg)
     return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_ab{ab}" if ab else "")
 
 
@@ -120,7 +124,7 @@ def smem_of(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a = cfg[:5]
+    _, mt, st, _, a, _ = bcfg(cfg)
     return gemv_smem(k, mt, st, a)
 
 
@@ -164,7 +168,7 @@ def source() -> str:
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a, ab = tuple(cfg) + (0,) * (6 - len(cfg))
+            _, mt, st, xs, a, ab = bcfg(cfg)
             threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}>"
         tail = ", part, arr" if cfg[0] in "wg" else ""
         out.append(
@@ -200,8 +204,8 @@ def run(cubin: str, reps: int = 20):
     # runs them: each launch may start while the previous one drains. (Instances over an SM's
     # 227 KiB of shared memory are left out; their plain launch is skipped too.)
     pdl = PdlModule(Path(cubin).read_bytes(),
-                    {name(k, nt, cfg): {"smem": ablate_smem(nt, cfg, smem_of(k, nt, cfg))}
-                     for k, nt, cfg in instances() if smem_of(k, nt, cfg) <= 227 * 1024})
+                    {name(k, nt, cfg): {"smem": launch_smem(k, nt, cfg)}
+                     for k, nt, cfg in instances() if launch_smem(k, nt, cfg) <= 227 * 1024})
     pool_bytes = 256 << 20
     results = []
     scratch = []
@@ -231,7 +235,7 @@ def run(cubin: str, reps: int = 20):
             ref = None
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
-                sm = ablate_smem(nt, cfg, smem_of(K, nt, cfg))
+                sm = launch_smem(K, nt, cfg)
                 if sm > 227 * 1024:
                     print(f"{sname} R={R} {cfg}: {sm} bytes of shared memory, over an SM's", flush=True)
                     continue
