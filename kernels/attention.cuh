@@ -279,6 +279,60 @@ struct XOwner {
   }
 };
 
+// Several splits (attn, attn_tc): this block's `mine` partials of row (r, m) are out in prow
+// (part_floats PF each: o[G][D] unnormalised, then m[G], l[G]); count them in *cnt. The block
+// that brings the count to ns merges all ns partials (in split order), gates them (gate: this
+// kv head's first query head, head g's gate at gate + 2Dg) into orow, and resets the counter, so
+// every launch finds it at 0:
+//   M = max_z m_z, L = Σ_z l_z 2^(m_z − M), o = Σ_z o_z · (2^(m_z − M) / L), z = 0, 1, … in order;
+// the partials are read through L2 (__ldcg: other SMs wrote them in this launch).
+template <int D, int G, int NT, int MAXS>
+__device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int ns, int mine,
+                                                  int* cnt, const bf16* gate, bf16* orow,
+                                                  float (&sm_w)[2][MAXS][G], int& s_last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int last = atomicAdd(cnt, mine) + mine == ns;
+    if (last) *cnt = 0;  // every split has arrived: nothing else touches it in this launch
+    __threadfence();
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  for (int i = threadIdx.x; i < ns * G; i += NT) {
+    const int z = i / G, g = i - z * G;
+    sm_w[0][z][g] = __ldcg(prow + (size_t)z * PF + G * D + g);
+    sm_w[1][z][g] = __ldcg(prow + (size_t)z * PF + G * D + G + g);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float M = -INFINITY, Ls = 0.f;
+    for (int z = 0; z < ns; ++z) M = fmaxf(M, sm_w[0][z][g]);
+    for (int z = 0; z < ns; ++z) Ls += sm_w[1][z][g] * exp2f(sm_w[0][z][g] - M);
+    for (int z = 0; z < ns; ++z) sm_w[1][z][g] = exp2f(sm_w[0][z][g] - M) / Ls;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D / 4; i += NT) {
+    const int g = i / (D / 4), d = (i - g * (D / 4)) * 4;
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int z = 0; z < ns; ++z) {
+      const float w = sm_w[1][z][g];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(prow + (size_t)z * PF + g * D + d));
+      a[0] = fmaf(w, v.x, a[0]);
+      a[1] = fmaf(w, v.y, a[1]);
+      a[2] = fmaf(w, v.z, a[2]);
+      a[3] = fmaf(w, v.w, a[3]);
+    }
+    const bf16* gp = gate + 2 * D * g + d;
+    bf162* dst = reinterpret_cast<bf162*>(orow + g * D + d);
+    dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
+    dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
+  }
+}
+
 template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
           int SP = 64, int MB = 0, int RX = 0>
 __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
@@ -531,55 +585,9 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
     }
   }
   if (ns == 1) return;
-
-  // Several splits: this block's partials are out; count them in arrivals[r, m]. The block that
-  // brings the count to ns merges all ns partials (in split order) and resets the counter, so
-  // every launch finds it at 0.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* cnt = arrivals + (size_t)r * HKV + m;
-    const int last = atomicAdd(cnt, mine) + mine == ns;
-    if (last) *cnt = 0;  // every split has arrived: nothing else touches it in this launch
-    __threadfence();
-    s_last = last;
-  }
-  __syncthreads();
-  if (!s_last) return;
-
-  // M = max_z m_z, L = Σ_z l_z 2^(m_z − M), o = Σ_z o_z · (2^(m_z − M) / L), z = 0, 1, … in
-  // order; the partials are read through L2 (__ldcg: other SMs wrote them in this launch).
-  for (int i = threadIdx.x; i < ns * G; i += L::threads) {
-    const int z = i / G, g = i - z * G;
-    sm_w[0][z][g] = __ldcg(prow + (size_t)z * PF + G * D + g);
-    sm_w[1][z][g] = __ldcg(prow + (size_t)z * PF + G * D + G + g);
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
-    float M = -INFINITY, Ls = 0.f;
-    for (int z = 0; z < ns; ++z) M = fmaxf(M, sm_w[0][z][g]);
-    for (int z = 0; z < ns; ++z) Ls += sm_w[1][z][g] * exp2f(sm_w[0][z][g] - M);
-    for (int z = 0; z < ns; ++z) sm_w[1][z][g] = exp2f(sm_w[0][z][g] - M) / Ls;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * D / 4; i += L::threads) {
-    const int g = i / (D / 4), d = (i - g * (D / 4)) * 4;
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int z = 0; z < ns; ++z) {
-      const float w = sm_w[1][z][g];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(prow + (size_t)z * PF + g * D + d));
-      a[0] = fmaf(w, v.x, a[0]);
-      a[1] = fmaf(w, v.y, a[1]);
-      a[2] = fmaf(w, v.z, a[2]);
-      a[3] = fmaf(w, v.w, a[3]);
-    }
-    const bf16* gp = gate + 2 * D * (m * G + g) + d;
-    bf162* dst = reinterpret_cast<bf162*>(orow + g * D + d);
-    dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
-    dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
-  }
+  attn_merge_splits<D, G, L::threads, L::max_splits>(prow, PF, ns, mine,
+                                                      arrivals + (size_t)r * HKV + m,
+                                                      gate + 2 * D * m * G, orow, sm_w, s_last);
 }
 
 }  // namespace q38

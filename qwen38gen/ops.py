@@ -543,17 +543,53 @@ def attn_smem(cfg: ModelConfig) -> int:
     return ATTN_ST * ATTN_NW * ATTN_U * 2 * cfg.head_dim * 2 if ATTN_ST >= 2 else 0
 
 
+# attn_tc (kernels/attention_tc.cuh): QK and PV on the tensor cores (mma.sync m16n8k16, P rounded
+# to bf16 as HF rounds the softmax), the same inputs, scratch, split rule and grid as attn. NW
+# (warps, 16 slots each per block step) fixes a row's arithmetic like ATTN_SPLIT: one value at
+# every B. ST (ring stages) and MB only reschedule it. The program runs attn_tc when ATTN_TC.
+ATTN_TC = True
+ATTN_TC_NW, ATTN_TC_ST, ATTN_TC_MB = 4, 2, 0
+
+
+def attn_uses_tc(cfg: ModelConfig) -> bool:
+    """attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ); attn serves any."""
+    return ATTN_TC and cfg.num_attention_heads // cfg.num_key_value_heads <= 8
+
+
+def attn_tc_smem(cfg: ModelConfig, nw: int = 0, st: int = 0) -> int:
+    """Dynamic shared memory of attn_tc (AttnTcLaunch::dyn_smem_bytes): the K/V ring of ST block
+    steps (16·NW slots of K and V rows), the warp merge's o rows and Q."""
+    nw, st, d = nw or ATTN_TC_NW, st or ATTN_TC_ST, cfg.head_dim
+    g = cfg.num_attention_heads // cfg.num_key_value_heads
+    return st * 16 * nw * 2 * d * 2 + nw * g * (d + 4) * 4 + 8 * (d + 8) * 2
+
+
+ATTN_PARAMS = ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
+               (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
+               ("q38::bf16*", "o"))
+
+
 def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
+    """The program's attention kernel for chunks of pt rows: attn_tc (ATTN_TC) or attn with hg
+    head groups."""
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    if attn_uses_tc(cfg):
+        targs = f"{d}, {h}, {hkv}, {pt}, {ATTN_TC_NW}, {ATTN_TC_ST}, {ATTN_SPLIT}, {ATTN_TC_MB}"
+        A = f"q38::AttnTcLaunch<{targs}>"
+        threads, smem = 32 * ATTN_TC_NW, attn_tc_smem(cfg)
+        return Entry(
+            f"q38_attn_tc_pt{pt}", f"q38::attn_tc<{targs}>", ATTN_PARAMS, threads, smem=smem,
+            min_blocks=ATTN_TC_MB,
+            asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
+                     f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
+                     f"{A}::min_blocks == {ATTN_TC_MB}",
+                     f"{A}::part_floats == {attn_part_floats(cfg)}"))
     targs = (f"{d}, {h}, {hkv}, {pt}, {ATTN_NW}, {ATTN_U}, {hg}, {ATTN_ST}, {ATTN_SPLIT}, "
              f"{ATTN_MB}, {ATTN_RX}")
     A = f"q38::AttnLaunch<{targs}>"
     threads, smem = 32 * ATTN_NW * hg, attn_smem(cfg)
     return Entry(
-        f"q38_attn_pt{pt}" + (f"_hg{hg}" if hg > 1 else ""), f"q38::attn<{targs}>",
-        ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"), ("int", "tmax"),
-         (I32, "pos"), (I32, "ntok"), ("float*", "part"), ("int*", "arrivals"),
-         ("q38::bf16*", "o")),
+        f"q38_attn_pt{pt}" + (f"_hg{hg}" if hg > 1 else ""), f"q38::attn<{targs}>", ATTN_PARAMS,
         threads, smem=smem, min_blocks=ATTN_MB,
         asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
                  f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
@@ -609,7 +645,7 @@ def advance_entry() -> Entry:
 
 # ------------------------------------------------------------------------------------ program
 HEADERS = ["common.cuh", "gemv_q4.cuh", "gemm_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
-           "elementwise.cuh", "rows.cuh"]
+           "attention_tc.cuh", "elementwise.cuh", "rows.cuh"]
 MTP_HEADERS = ["speculative.cuh"]
 
 # Tensors uploaded as they are (not int4), with the dtype the kernels read them in.

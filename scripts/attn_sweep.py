@@ -1,5 +1,6 @@
-"""Sweep the attn schedule knobs (kernels/attention.cuh AttnLaunch: NW, U, HG, ST, SP, MB,
-RX) over the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1).
+"""Sweep the attention schedules over the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1):
+attn's knobs (kernels/attention.cuh AttnLaunch: NW, U, HG, ST, SP, MB, RX) and attn_tc's
+(kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB).
 
   python3 scripts/attn_sweep.py build OUT.cubin          # CPU machine: nvcc the variants
   python3 scripts/attn_sweep.py run OUT.cubin [OUT.json]  # GPU machine: check, time (PyCUDA)
@@ -32,38 +33,67 @@ D, H, HKV, PT = 256, 24, 4, 1
 G = H // HKV
 LD = 2 * H * D + 2 * HKV * D  # the fused q|gate|k|v projection row
 MAX_SPLITS = 32
-# (NW, U, HG, ST, SP, MB, RX); the first is the default schedule (the bitwise reference of its
-# class and the tolerance reference of every other class). Session 2's sweep
-# (bench/2026-12-02-h200-attn-sweep.txt) chose NW 4, U 4, ST 4 with HG 1 (3 at few pairs); the
-# variants here time RX = 1 (one transposed butterfly for a step's scores) against them.
+# attn (CUDA cores): (NW, U, HG, ST, SP, MB, RX); attn_tc (tensor cores, attention_tc.cuh):
+# ("tc", NW, ST, SP, MB). The first is the CUDA-core default schedule (the bitwise reference of
+# its class and the tolerance reference of every other class). Session 2's sweep
+# (bench/2026-12-02-h200-attn-sweep.txt) chose NW 4, U 4, ST 4 with HG 1 (3 at few pairs), session
+# 8's RX = 1; session 10 adds attn_tc.
 VARIANTS = [
-    (4, 4, 1, 4, 64, 0, 0),   # the program's (ops.ATTN_*), HG 1
-    (4, 4, 1, 4, 64, 0, 1),
-    (4, 4, 3, 4, 64, 0, 0),   # the program's at few (row, kv head) pairs
-    (4, 4, 3, 4, 64, 0, 1),
-    (4, 4, 2, 4, 64, 0, 1),
-    (4, 4, 6, 4, 64, 0, 1),
-    (4, 4, 1, 0, 64, 0, 1),
-    (4, 4, 1, 4, 64, 2, 1),
+    (4, 4, 1, 4, 64, 0, 1),   # attn as the program ran it in version 9, HG 1
+    (4, 4, 3, 4, 64, 0, 1),   # ... at few (row, kv head) pairs
+    ("tc", 4, 2, 64, 0),
+    ("tc", 4, 3, 64, 0),
+    ("tc", 2, 2, 64, 0),
+    ("tc", 2, 3, 64, 0),
+    ("tc", 2, 4, 64, 0),
+    ("tc", 1, 3, 64, 0),
+    ("tc", 1, 4, 64, 0),
+    ("tc", 1, 6, 64, 0),
 ]
 CASES = [(1, 1024), (1, 4096), (16, 1024), (64, 1024)]  # (B, T): every row sees n = T slots
 POOL = 256 << 20   # bytes of distinct K/V per case (at least 8 layers)
 TOL = 1e-2         # relative L2 error per row against the default schedule (other classes)
 
 
+def is_tc(v):
+    return v[0] == "tc"
+
+
 def name(v):
+    if is_tc(v):
+        return "sw_attn_tc_nw{}_st{}_sp{}_mb{}".format(*v[1:])
     return "sw_attn_nw{}_u{}_hg{}_st{}_sp{}_mb{}_rx{}".format(*v)
 
 
 def targs(v):
-    return f"{D}, {H}, {HKV}, {PT}, " + ", ".join(str(x) for x in v)
+    return f"{D}, {H}, {HKV}, {PT}, " + ", ".join(str(x) for x in (v[1:] if is_tc(v) else v))
+
+
+def launch_struct(v):
+    return f"q38::AttnTcLaunch<{targs(v)}>" if is_tc(v) else f"q38::AttnLaunch<{targs(v)}>"
+
+
+def sp_of(v):
+    return v[3] if is_tc(v) else v[4]
+
+
+def mb_of(v):
+    return v[4] if is_tc(v) else v[5]
+
+
+def arith_class(v):
+    """Variants of one class must agree bitwise: attn's (NW, U, SP), attn_tc's ("tc", NW, SP)."""
+    return ("tc", v[1], v[3]) if is_tc(v) else (v[0], v[1], v[4])
 
 
 def threads(v):
-    return 32 * v[0] * v[2]
+    return 32 * v[1] if is_tc(v) else 32 * v[0] * v[2]
 
 
 def dyn_smem(v):
+    if is_tc(v):
+        nw, st = v[1], v[2]
+        return st * 16 * nw * 2 * D * 2 + nw * G * (D + 4) * 4 + 8 * (D + 8) * 2
     nw, u, _, st = v[:4]
     return st * nw * u * 2 * D * 2 if st >= 2 else 0
 
@@ -90,10 +120,11 @@ def grid_x(blocks):
 
 
 def source() -> str:
-    out = ['#include "attention.cuh"', "using q38::bf16;"]
+    out = ['#include "attention_tc.cuh"', "using q38::bf16;"]
     for v in VARIANTS:
-        A = f"q38::AttnLaunch<{targs(v)}>"
-        lb = f"{A}::threads, {A}::min_blocks" if v[5] else f"{A}::threads"
+        A = launch_struct(v)
+        lb = f"{A}::threads, {A}::min_blocks" if mb_of(v) else f"{A}::threads"
+        fn = "attn_tc" if is_tc(v) else "attn"
         out.append(
             f'extern "C" __global__ void __launch_bounds__({lb}) {name(v)}('
             "const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax, "
@@ -101,7 +132,7 @@ def source() -> str:
             f"static_assert({A}::threads == {threads(v)}, \"threads\"); "
             f"static_assert({A}::dyn_smem_bytes == {dyn_smem(v)}, \"smem\"); "
             f"static_assert({A}::part_floats == {part_floats()}, \"part\"); "
-            f"q38::attn<{targs(v)}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o); }}")
+            f"q38::{fn}<{targs(v)}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o); }}")
     return "\n".join(out) + "\n"
 
 
@@ -178,7 +209,7 @@ def run(cubin: str, reps: int = 30):
             sm = dyn_smem(v)
             allow_dynamic_smem(fn, sm)
             gx0 = grid_x(B * HKV * PT)
-            for gx in sorted({gx0, min(MAX_SPLITS, 2 * gx0)}):
+            for gx in sorted({max(1, gx0 // 2), gx0, min(MAX_SPLITS, 2 * gx0)}):
                 grid, block = (gx, B * HKV, PT), (threads(v), 1, 1)
 
                 def launch(i):
@@ -194,7 +225,7 @@ def run(cubin: str, reps: int = 30):
                     break
                 out = drv.from_device(o, (B, H * D), np.uint16)
                 outf = (out.astype(np.uint32) << 16).view(np.float32)
-                cls = (v[0], v[1], v[4])
+                cls = arith_class(v)
                 if None not in ref:
                     ref[None] = outf
                 if cls not in ref:
@@ -209,7 +240,7 @@ def run(cubin: str, reps: int = 30):
                 results.append({"B": B, "T": T, "variant": list(v), "name": nm, "gx": gx,
                                 "us": t * 1e6, "gbs": kvbytes / t / 1e9, "bitwise_class": same,
                                 "rel_err_vs_default": err, "ok": bool(ok and counters == 0),
-                                "counters_nonzero": counters, "splits": splits(T, v[4]),
+                                "counters_nonzero": counters, "splits": splits(T, sp_of(v)),
                                 "regs": info[nm]["regs"], "smem": info[nm]["smem"],
                                 "dyn_smem": sm, "blocks_per_sm": info[nm]["blocks_per_sm"]})
         for a in kv + [qbuf, qkv, pos, ntok, part, arr, o]:
@@ -237,17 +268,17 @@ def report(results):
         print(f"  B={k[0]:2d} T={k[1]:4d}: {' '.join(map(str, r['variant']))} gx={r['gx']} "
               f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s  (default {base[k]['us']:.2f} us "
               f"{base[k]['gbs']:.0f} GB/s; x16 layers {16 * r['us'] / 1e3:.3f} ms)")
-    print("\nper arithmetic class (NW, U, SP): the sum over the T = 1024 cases of its best times")
+    print("\nper arithmetic class (attn: NW/U/SP, attn_tc: tc/NW/SP): the sum over the T = 1024 cases of its best times")
     cls = {}
     for r in results:
         if r["ok"] and r["T"] == 1024:
-            c = (r["variant"][0], r["variant"][1], r["variant"][4])
+            c = tuple(map(str, arith_class(r["variant"])))
             k = (c, r["B"])
             if k not in cls or r["us"] < cls[k]["us"]:
                 cls[k] = r
     for c in sorted({c for c, _ in cls}):
         rows = [cls[(c, B)] for B in (1, 16, 64) if (c, B) in cls]
-        print(f"  NW={c[0]} U={c[1]} SP={c[2]}: " + ", ".join(
+        print(f"  {'/'.join(c)}: " + ", ".join(
             f"B={r['B']} {r['us']:.1f} us ({' '.join(map(str, r['variant']))} gx={r['gx']})"
             for r in rows))
 

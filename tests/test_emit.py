@@ -44,7 +44,7 @@ def test_schedule_covers_every_layer():
     m = emit_program(cfg, Lanes.make(3, pt=4)).manifest
     dec = m["schedule"]["decode"]
     gdn = [L for L in dec if L["k"].startswith("q38_gdn_pt1")]
-    attn = [L for L in dec if re.fullmatch(r"q38_attn_pt1(_hg\d+)?", L["k"])]
+    attn = [L for L in dec if re.fullmatch(r"q38_attn(_tc)?_pt1(_hg\d+)?", L["k"])]
     assert len(gdn) == len(cfg.linear_layers) and len(attn) == len(cfg.full_layers)
     assert dec[0]["k"].startswith("q38_embed") and dec[-1]["k"] == "q38_advance_pos"
     # grid.y of every GEMV tiles the batch: ceil(R / btg).

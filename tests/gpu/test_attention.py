@@ -1,4 +1,5 @@
-"""attn_prep + attn (kernels/attention.cuh) on the GPU against numpy references from MODEL.md.
+"""attn_prep + attn (kernels/attention.cuh) and attn_tc (kernels/attention_tc.cuh) on the GPU
+against numpy references from MODEL.md. Every attention test runs both kernels (fixture `kind`).
 
 Every case draws fresh inputs: qkv rows with a per-row scale, random (1 + w) norm weights, and a
 KV cache whose valid slots (< pos[b]) hold random K/V while every other slot holds garbage (NaN,
@@ -42,7 +43,8 @@ GEOMS = {"tiny": (6, 2), "27b": (24, 4)}
 # (MODEL.md §7) and the kernel's cos/sin on the reduced angle are within 2^-21.4.
 TOL_QK = 1e-2
 # attn against a reference fed the kernel's own bf16 q and cache: fp32 scores, softmax and sums,
-# then one bf16 rounding of the output.
+# then one bf16 rounding of the output; attn_tc also rounds each softmax weight to bf16 before
+# P·V (≤ 2^-9 relative each, independent errors that average out over the slots).
 TOL_ATTN = 1e-2
 # End to end against the fp64 chain from qkv: the bf16 storage of q and K shifts every score by
 # ~2^-9·|s| on top (scores of std ~3 here).
@@ -52,21 +54,28 @@ _MODS: dict = {}
 SPLIT = ops.ATTN_SPLIT
 
 
-def _kernels(H: int, HKV: int, PT: int, hg: int = 1):
-    """(prep, attn, launch) for one geometry and chunk size, attn with the program's schedule
-    (ops.ATTN_*, hg head groups); launch comes from the C++ structs: prep threads, prep grid_y,
-    attn threads, split, max_splits, part_floats."""
-    key = (H, HKV, PT, hg)
+def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1):
+    """(prep, attn, launch, smem) for one geometry and chunk size. kind "tc": attn_tc with the
+    program's schedule (ops.ATTN_TC_*); "cc": attn, the CUDA-core kernel, with ops.ATTN_* and hg
+    head groups. launch comes from the C++ structs: prep threads, prep grid_y, attn threads,
+    split, max_splits, part_floats."""
+    key = (kind, H, HKV, PT, hg)
     if key not in _MODS:
         import pycuda.driver as drv
 
-        tag = f"h{H}_kv{HKV}_pt{PT}_hg{hg}"
+        tag = f"{kind}_h{H}_kv{HKV}_pt{PT}_hg{hg}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
-        knobs = (f"{ops.ATTN_NW}, {ops.ATTN_U}, {hg}, {ops.ATTN_ST}, {ops.ATTN_SPLIT}, "
-                 f"{ops.ATTN_MB}, {ops.ATTN_RX}")
-        A = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>"
+        if kind == "tc":
+            knobs = f"{ops.ATTN_TC_NW}, {ops.ATTN_TC_ST}, {ops.ATTN_SPLIT}, {ops.ATTN_TC_MB}"
+            A, fn = f"q38::AttnTcLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn_tc"
+            smem = ops.attn_tc_smem(_Geom(H, HKV))
+        else:
+            knobs = (f"{ops.ATTN_NW}, {ops.ATTN_U}, {hg}, {ops.ATTN_ST}, {ops.ATTN_SPLIT}, "
+                     f"{ops.ATTN_MB}, {ops.ATTN_RX}")
+            A, fn = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn"
+            smem = ops.attn_smem(_Geom(H, HKV))
         src = f"""
-#include "attention.cuh"
+#include "attention_tc.cuh"
 using q38::bf16;
 extern "C" __constant__ int launch_{tag}[6] = {{{P}::threads, {P}::grid_y, {A}::threads,
                                                {A}::split, {A}::max_splits, {A}::part_floats}};
@@ -79,10 +88,10 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
            const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
-  q38::attn<{D}, {H}, {HKV}, {PT}, {knobs}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part,
+  q38::{fn}<{D}, {H}, {HKV}, {PT}, {knobs}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part,
                                             arrivals, o);
 }}
-static_assert({A}::dyn_smem_bytes == {ops.attn_smem(_Geom(H, HKV))}, "ops.attn_smem");
+static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
 """
         mod = build(src)
         ptr, _ = mod.get_global(f"launch_{tag}")
@@ -93,9 +102,16 @@ static_assert({A}::dyn_smem_bytes == {ops.attn_smem(_Geom(H, HKV))}, "ops.attn_s
         assert launch[3:] == (ops.ATTN_SPLIT, ops.ATTN_MAX_SPLITS,
                               ops.attn_part_floats(_Geom(H, HKV))), launch
         attn = mod.get_function(f"attn_{tag}")
-        allow_dynamic_smem(attn, ops.attn_smem(_Geom(H, HKV)))
-        _MODS[key] = (mod.get_function(f"prep_{tag}"), attn, launch)
+        allow_dynamic_smem(attn, smem)
+        _MODS[key] = (mod.get_function(f"prep_{tag}"), attn, launch, smem)
     return _MODS[key]
+
+
+@pytest.fixture(params=["tc", "cc"])
+def kind(request):
+    """The attention kernel under test: attn_tc (tensor cores, what the program runs where
+    ops.attn_uses_tc) or attn (CUDA cores)."""
+    return request.param
 
 
 class _Geom:
@@ -105,13 +121,12 @@ class _Geom:
         self.num_attention_heads, self.num_key_value_heads, self.head_dim = H, HKV, D
 
 
-def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
+def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
     """attn_prep then attn on the device, as a step runs them, then attn once more on the same
     buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
     Returns qbuf, kc, vc, out (of the first attn launch)."""
-    hg = ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
-    prep, attn, (p_threads, p_grid_y, a_threads, *_) = _kernels(H, HKV, PT, hg)
-    smem = ops.attn_smem(_Geom(H, HKV))
+    hg = 1 if kind == "tc" else ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
+    prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg)
     R, ld = qkv.shape
     gx = ops.attn_grid_x(B * HKV * PT) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
@@ -169,14 +184,14 @@ def _inputs(rng, H, HKV, B, PT, pos, tmax, kscale=3.0):
     return qkv, qn, kn, kc0, vc0
 
 
-def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None):
+def _run_case(kind, geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None):
     H, HKV = GEOMS[geom]
     R = B * PT
     pos, ntok = np.asarray(pos, np.int64), np.asarray(ntok, np.int64)
     rng = np.random.default_rng(seed)
     qkv, qn, kn, kc0, vc0 = _inputs(rng, H, HKV, B, PT, pos, tmax, kscale)
 
-    qbuf, kc, vc, out = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx)
+    qbuf, kc, vc, out = _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx)
 
     rb = np.repeat(np.arange(B), PT)            # row -> sequence
     rt = np.tile(np.arange(PT), B)              # row -> chunk token
@@ -216,7 +231,7 @@ def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None)
     pad_zero = bool(np.all(out[~valid].astype(np.float32) == 0.0))
 
     nmax = int(min(prow[valid].max() + 1, tmax))
-    print(f"attn {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
+    print(f"attn[{kind}] {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
           f"splits<={ops.attn_splits(nmax)} gx={gx}: "
           f"q {e_q:.2e} k {e_k:.2e} attn {e_a:.2e}" + (f" e2e {e_e:.2e}" if e2e else ""))
     assert e_q < TOL_QK, f"q buffer: worst row rel err {e_q:.2e}"
@@ -234,7 +249,7 @@ CHUNKS = [(1, 1), (2, 1), (3, 1), (17, 1), (1, 4), (3, 4), (1, 16), (3, 16)]
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("B,PT", CHUNKS)
-def test_attention(cuda_ctx, geom, B, PT):
+def test_attention(cuda_ctx, kind, geom, B, PT):
     seed = [B, PT, list(GEOMS).index(geom)]
     rng = np.random.default_rng(seed + [1])
     pos = rng.integers(1, 1500, size=B)
@@ -250,32 +265,32 @@ def test_attention(cuda_ctx, geom, B, PT):
         if B > 2:
             ntok[1:3] = [1, PT]      # a single real row; a full chunk
     tmax = int(pos.max()) + PT + 37
-    _run_case(geom, B, PT, pos, ntok, tmax, seed)
+    _run_case(kind, geom, B, PT, pos, ntok, tmax, seed)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
-def test_attention_peaky_scores(cuda_ctx, geom, PT):
+def test_attention_peaky_scores(cuda_ctx, kind, geom, PT):
     """Scores with std ~36: the online softmax must rescale without overflow or lost mass."""
     B = 3
-    _run_case(geom, B, PT, [700, 33, 2049], [1] * B if PT == 1 else [4, 2, 3], 2049 + PT + 5,
+    _run_case(kind, geom, B, PT, [700, 33, 2049], [1] * B if PT == 1 else [4, 2, 3], 2049 + PT + 5,
               [B, PT, 9], kscale=36.0, e2e=False)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
-def test_attention_long_context(cuda_ctx, geom, PT):
+def test_attention_long_context(cuda_ctx, kind, geom, PT):
     """Position 100000: 100001+ slots per kv head, the most splits (32) of a grown span."""
     pos = [100000, 77] if geom == "tiny" else [100000]
     ntok = [1] * len(pos) if PT == 1 else [PT, 3][:len(pos)]
-    _run_case(geom, len(pos), PT, pos, ntok, 100006, [len(pos), PT, 5])
+    _run_case(kind, geom, len(pos), PT, pos, ntok, 100006, [len(pos), PT, 5])
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
-def test_attention_positions_past_tmax(cuda_ctx, geom):
+def test_attention_positions_past_tmax(cuda_ctx, kind, geom):
     """RoPE at positions past sincosf's fast range (105615) up to 262143; Tmax = 64, so no
     slot may be written and attn reads the clamped window of 64 slots."""
-    _run_case(geom, 3, 4, [105613, 200003, 262140], [4, 2, 3], 64, [3, 4, 11])
+    _run_case(kind, geom, 3, 4, [105613, 200003, 262140], [4, 2, 3], 64, [3, 4, 11])
 
 
 # Context lengths n around the split boundaries: 1, SPLIT − 1, SPLIT, SPLIT + 1, several splits,
@@ -299,28 +314,28 @@ def test_split_rule():
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("n", EDGES)
-def test_attention_split_edges(cuda_ctx, geom, PT, n):
+def test_attention_split_edges(cuda_ctx, kind, geom, PT, n):
     """B = 1; the chunk's first row sees n slots (a PT = 4 chunk: n … n + 3, so the chunk
     straddles the boundary at n = SPLIT − 1 and SPLIT)."""
-    _run_case(geom, 1, PT, [n - 1], [PT], n - 1 + PT + 5, [n, PT, 13])
+    _run_case(kind, geom, 1, PT, [n - 1], [PT], n - 1 + PT + 5, [n, PT, 13])
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("B", [3, 17])
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("gx", [None, 1, 3])
-def test_attention_split_batches(cuda_ctx, geom, B, PT, gx):
+def test_attention_split_batches(cuda_ctx, kind, geom, B, PT, gx):
     """Every EDGES length in one batch (cyclically), PT = 4 with padding rows; grid.x from the
     plan, 1 (each block loops over all its row's splits) and 3."""
     pos = np.array([EDGES[b % len(EDGES)] - 1 for b in range(B)])
     ntok = np.ones(B, np.int64) if PT == 1 else np.array([(4, 1, 3, 2)[b % 4] for b in range(B)])
-    _run_case(geom, B, PT, pos, ntok, int(pos.max()) + PT + 11, [B, PT, 17, gx or 0], gx=gx)
+    _run_case(kind, geom, B, PT, pos, ntok, int(pos.max()) + PT + 11, [B, PT, 17, gx or 0], gx=gx)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("p", [0, SPLIT - 1, SPLIT, 1000, 32 * SPLIT, 4097])
-def test_attention_batch_invariance(cuda_ctx, geom, PT, p):
+def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
     """One sequence (position p, a full chunk) at B = 1 and as sequence 2 of B = 5 (other
     sequences around it, a larger Tmax, the plan's grid.x for each B, and grid.x = 1): the q
     buffer and the output rows must be bitwise the same."""
@@ -334,10 +349,10 @@ def test_attention_batch_invariance(cuda_ctx, geom, PT, p):
     qkv5[2 * PT:3 * PT] = qkv1
     kc5[2, :, :p], vc5[2, :, :p] = kc1[0, :, :p], vc1[0, :, :p]
 
-    q1, kc, vc, o1 = _gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1)
-    runs = [_gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1, gx=1)[::3],
-            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5)[::3],
-            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5, gx=1)[::3]]
+    q1, kc, vc, o1 = _gpu_run(kind, H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1)
+    runs = [_gpu_run(kind, H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1, gx=1)[::3],
+            _gpu_run(kind, H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5)[::3],
+            _gpu_run(kind, H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5, gx=1)[::3]]
     bits = lambda a: np.asarray(a).view(np.uint16)
     assert np.all(np.isfinite(o1.astype(np.float32)))
     for i, (q, o) in enumerate(runs):
