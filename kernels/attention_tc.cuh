@@ -25,7 +25,8 @@
 //
 // Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps), ST (ring stages,
 // ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW), MB (min blocks
-// per SM for __launch_bounds__, 0: not given). Launch: grid (gx, B·HKV, PT) as attn, block
+// per SM for __launch_bounds__, 0: not given), QC (1: each 8-slot score tile is one chain of 16
+// mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP). Launch: grid (gx, B·HKV, PT) as attn, block
 // AttnTcLaunch::threads, dynamic smem AttnTcLaunch::dyn_smem_bytes (the caller raises the
 // function's limit above 48 KiB), no static smem beyond a few hundred bytes.
 //
@@ -36,7 +37,7 @@
 
 namespace q38 {
 
-template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0>
+template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0, int QC = 1>
 struct AttnTcLaunch {
   static constexpr int G = H / HKV;
   static constexpr int warps = NW;
@@ -44,6 +45,7 @@ struct AttnTcLaunch {
   static constexpr int step = 16 * NW;           // slots per block step
   static constexpr int stages = ST;
   static constexpr int min_blocks = MB;
+  static constexpr int qk_chains = QC;
   static constexpr int split = SP;
   static constexpr int max_splits = 32;
   static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
@@ -90,7 +92,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0>
+template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
+          int QC = 1>
 __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
                                         int ld, const bf16* __restrict__ kc,
                                         const bf16* __restrict__ vc, int tmax,
@@ -100,7 +103,8 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   static_assert(D == 256, "attn_tc: 16 k-steps of QK and 16 m-tiles of PV per head");
   static_assert(H % HKV == 0 && H / HKV <= 8, "attn_tc: at most 8 query heads per kv head");
   static_assert(ST >= 2, "attn_tc: a ring of >= 2 stages");
-  using L = AttnTcLaunch<D, H, HKV, PT, NW, ST, SP, MB>;
+  static_assert(QC == 1 || QC == 2, "attn_tc: one or two QK chains per n-tile");
+  using L = AttnTcLaunch<D, H, HKV, PT, NW, ST, SP, MB, QC>;
   constexpr int G = L::G, PF = L::part_floats, NT = L::threads, STEP = L::step;
   constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot row: K 0 … 31, V 32 … 63
   static_assert(L::split % STEP == 0, "attn_tc: a split is whole block steps");
@@ -212,8 +216,15 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       stage = stage + 1 == ST ? 0 : stage + 1;
       if (s0 >= s_end) continue;  // warp-uniform: no slot of this warp in the split
 
-      // Sᵀ for slots 0-7 (sacc[0]) and 8-15 (sacc[1]) of the warp's 16.
-      float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      // Sᵀ for slots 0-7 (sacc[0]) and 8-15 (sacc[1]) of the warp's 16; QC = 2: the even and
+      // odd k-step pairs in two chains, added at the end.
+      float sacc[2][QC][4];
+#pragma unroll
+      for (int h8 = 0; h8 < 2; ++h8)
+#pragma unroll
+        for (int q = 0; q < QC; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[h8][q][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < 16; kk += 2) {
 #pragma unroll
@@ -222,8 +233,9 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
           const int sl = 8 * h8 + (lane & 7), ch = 2 * kk + (lane >> 3);
           uint32_t kb[4];
           ldsm_x4(kb, tile + (sl * CPS + (ch ^ (sl & 7))) * 16);
-          attn_mma(sacc[h8], qf[kk][0], 0u, qf[kk][1], 0u, kb[0], kb[1]);
-          attn_mma(sacc[h8], qf[kk + 1][0], 0u, qf[kk + 1][1], 0u, kb[2], kb[3]);
+          float (&acc)[4] = sacc[h8][QC == 2 ? (kk >> 1) & 1 : 0];
+          attn_mma(acc, qf[kk][0], 0u, qf[kk][1], 0u, kb[0], kb[1]);
+          attn_mma(acc, qf[kk + 1][0], 0u, qf[kk + 1][1], 0u, kb[2], kb[3]);
         }
       }
       // Scores of head g, slots 8h8 + 2c + e; masked past the split's end.
@@ -231,8 +243,10 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
 #pragma unroll
       for (int h8 = 0; h8 < 2; ++h8)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          sc[2 * h8 + e] = s0 + 8 * h8 + 2 * c + e < s_end ? sacc[h8][e] * qscale : -INFINITY;
+        for (int e = 0; e < 2; ++e) {
+          const float d = QC == 2 ? sacc[h8][0][e] + sacc[h8][QC - 1][e] : sacc[h8][0][e];
+          sc[2 * h8 + e] = s0 + 8 * h8 + 2 * c + e < s_end ? d * qscale : -INFINITY;
+        }
       float mn = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
       mn = fmaxf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
       mn = fmaxf(mn, __shfl_xor_sync(0xffffffffu, mn, 2));

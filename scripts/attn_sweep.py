@@ -1,9 +1,11 @@
 """Sweep the attention schedules over the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1):
 attn's knobs (kernels/attention.cuh AttnLaunch: NW, U, HG, ST, SP, MB, RX) and attn_tc's
-(kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB).
+(kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB, QC).
 
   python3 scripts/attn_sweep.py build OUT.cubin          # CPU machine: nvcc the variants
   python3 scripts/attn_sweep.py run OUT.cubin [OUT.json]  # GPU machine: check, time (PyCUDA)
+  (ATTN_CASES="64:1024,16:1024" and ATTN_ONLY="tc_nw2,..." (substrings of variant names) narrow
+  the run; `profile` instead of `run` launches each chosen variant twice, for ncu.)
 
 Arithmetic classes: NW (slot warps), U (slots per warp step) and SP (slots per split) decide the
 order of a row's fp32 arithmetic; HG (head groups), ST (cp.async ring stages), MB (min blocks per
@@ -41,14 +43,18 @@ MAX_SPLITS = 32
 VARIANTS = [
     (4, 4, 1, 4, 64, 0, 1),   # attn as the program ran it in version 9, HG 1
     (4, 4, 3, 4, 64, 0, 1),   # ... at few (row, kv head) pairs
-    ("tc", 4, 2, 64, 0),
-    ("tc", 4, 3, 64, 0),
-    ("tc", 2, 2, 64, 0),
-    ("tc", 2, 3, 64, 0),
-    ("tc", 2, 4, 64, 0),
-    ("tc", 1, 3, 64, 0),
-    ("tc", 1, 4, 64, 0),
-    ("tc", 1, 6, 64, 0),
+    ("tc", 4, 2, 64, 0, 1),
+    ("tc", 4, 2, 64, 0, 2),
+    ("tc", 4, 2, 128, 0, 1),
+    ("tc", 4, 2, 256, 0, 1),
+    ("tc", 2, 2, 64, 0, 1),
+    ("tc", 2, 2, 64, 0, 2),
+    ("tc", 2, 2, 128, 0, 1),
+    ("tc", 2, 2, 128, 0, 2),
+    ("tc", 2, 2, 256, 0, 1),
+    ("tc", 2, 2, 256, 0, 2),
+    ("tc", 2, 3, 128, 0, 2),
+    ("tc", 1, 4, 128, 0, 2),
 ]
 CASES = [(1, 1024), (1, 4096), (16, 1024), (64, 1024)]  # (B, T): every row sees n = T slots
 POOL = 256 << 20   # bytes of distinct K/V per case (at least 8 layers)
@@ -61,7 +67,7 @@ def is_tc(v):
 
 def name(v):
     if is_tc(v):
-        return "sw_attn_tc_nw{}_st{}_sp{}_mb{}".format(*v[1:])
+        return "sw_attn_tc_nw{}_st{}_sp{}_mb{}_qc{}".format(*v[1:])
     return "sw_attn_nw{}_u{}_hg{}_st{}_sp{}_mb{}_rx{}".format(*v)
 
 
@@ -82,8 +88,9 @@ def mb_of(v):
 
 
 def arith_class(v):
-    """Variants of one class must agree bitwise: attn's (NW, U, SP), attn_tc's ("tc", NW, SP)."""
-    return ("tc", v[1], v[3]) if is_tc(v) else (v[0], v[1], v[4])
+    """Variants of one class must agree bitwise: attn's (NW, U, SP), attn_tc's ("tc", NW, SP,
+    QC)."""
+    return ("tc", v[1], v[3], v[5]) if is_tc(v) else (v[0], v[1], v[4])
 
 
 def threads(v):
@@ -181,8 +188,12 @@ def run(cubin: str, reps: int = 30):
     def bf16(a):
         return (np.ascontiguousarray(a, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
+    import os
+    cases = ([tuple(int(x) for x in c.split(":")) for c in os.environ["ATTN_CASES"].split(",")]
+             if os.environ.get("ATTN_CASES") else CASES)
+    only = [x for x in os.environ.get("ATTN_ONLY", "").split(",") if x]
     results = []
-    for B, T in CASES:
+    for B, T in cases:
         layer = B * HKV * T * D * 2               # bytes of one of K, V for one layer
         nbuf = max(8, -(-POOL // (2 * layer)))
         kv = [drv.mem_alloc(2 * layer) for _ in range(nbuf)]
@@ -203,7 +214,7 @@ def run(cubin: str, reps: int = 30):
         ref = {}  # class (NW, U, SP) -> first output of the class; None key: the default's
         for v in VARIANTS:
             nm = name(v)
-            if info.get(nm, {}).get("spill"):
+            if info.get(nm, {}).get("spill") or (only and not any(x in nm for x in only)):
                 continue
             fn = mod.get_function(nm)
             sm = dyn_smem(v)
@@ -286,6 +297,8 @@ def report(results):
 if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(sys.argv[2])
+    elif sys.argv[1] == "profile":
+        run(sys.argv[2], reps=2)
     else:
         res = run(sys.argv[2])
         report(res)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine after scripts/device.sh installed PyCUDA: the warp stall reasons (average
 # warps stalled per issued instruction) and the L1/L2 traffic of the gemv_sweep PROFILE launches
-# (or of `NCU_SCRIPT profile CUBIN NCU_ARGS`, e.g. NCU_SCRIPT=scripts/gdn_bench.py NCU_ARGS=64).
+# (or of `NCU_SCRIPT profile CUBIN NCU_ARGS`, e.g. NCU_SCRIPT=scripts/gdn_bench.py NCU_ARGS=64;
+# NCU_FILTER: more ncu options, e.g. "-k regex:tc_nw2 --launch-skip 3 --launch-count 1").
 #   bash scripts/ncu_stalls.sh SWEEP.cubin > stalls.txt
 #   bash scripts/ncu_stalls.sh SWEEP.cubin DIR    # also: per-SASS-line stall samples in DIR
 # With DIR, a second pass samples warp stalls per instruction (the SourceCounters section) and
@@ -18,7 +19,7 @@ m="$m,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum,dr
 m="$m,l1tex__t_sector_hit_rate.pct,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,lts__t_sector_hit_rate.pct"
 m="$m,gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 cmd=(python3 "${NCU_SCRIPT:-scripts/gemv_sweep.py}" profile "$1" ${NCU_ARGS:-})
-ncu --metrics "$m" "${cmd[@]}"
+ncu ${NCU_FILTER:-} --metrics "$m" "${cmd[@]}"
 if [ -n "${2:-}" ]; then
   mkdir -p "$2"
   ncu --section SourceCounters --section WarpStateStats --import-source no -f -o "$2/prof" \
