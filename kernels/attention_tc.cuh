@@ -108,7 +108,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   constexpr int G = L::G, PF = L::part_floats, NT = L::threads, STEP = L::step;
   constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot row: K 0 … 31, V 32 … 63
   static_assert(L::split % STEP == 0, "attn_tc: a split is whole block steps");
-  static_assert((STEP * CPS) % NT == 0, "attn_tc: the ring fill tiles the threads");
+  static_assert(NW >= 2 && (NW & (NW - 1)) == 0, "attn_tc: NW a power of two, at least 2");
   extern __shared__ __align__(128) uint4 tc_smem[];  // ring | sm_o | sm_q
   float* sm_o = reinterpret_cast<float*>(reinterpret_cast<char*>(tc_smem) + L::ring_bytes);
   bf16* sm_q = reinterpret_cast<bf16*>(reinterpret_cast<char*>(tc_smem) + L::ring_bytes +
@@ -140,21 +140,26 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   // The producer walks the block's steps (split pz, step pj) ST − 1 steps ahead of the consumer,
   // through every split of the block; past the last one it commits empty groups. Chunk h of slot
   // row sl goes to chunk (h & 32) | ((h & 31) ^ (sl & 7)) of the row (zeros past the split).
+  // Thread t copies chunk h = t % 64 of slot rows sl0 + k·RPI (sl0 = t / 64 < RPI, k < STEP / RPI):
+  // RPI is a power of two, so sl & 7 = sl0 | ((k·RPI) & 7) and everything but the bound check
+  // and one xor is fixed per thread.
+  constexpr int RPI = NT / CPS;  // slot rows per pass of the block's threads
+  const int h = threadIdx.x & (CPS - 1), sl0 = threadIdx.x / CPS;
+  const bf16* src_t = (h < D / 8 ? kc : vc) + base + (h & 31) * 8;  // slot 0 (always valid)
+  const uint32_t dst_t = (uint32_t)(sl0 * CPS + (h & 32)) * 16, hx0 = (h & 31) ^ sl0;
   int pz = blockIdx.x, pj = 0, stage = 0;
   auto issue = [&](int st) {
     if (pz < ns) {
       const int s_beg = pz * len + pj * STEP, s_lim = min(n, (pz + 1) * len);
-      const uint32_t dst = ring_s + st * (STEP * CPS * 16);
-#pragma unroll 4
-      for (int k = 0; k < STEP * CPS / NT; ++k) {
-        const int ci = threadIdx.x + k * NT, sl = ci / CPS, h = ci - sl * CPS;
-        const int s = s_beg + sl;
-        const bool ok = s < s_lim;
-        const bf16* src = (h < D / 8 ? kc : vc) + base + (size_t)(ok ? s : 0) * D + (h & 31) * 8;
-        const int ph = (h & 32) | ((h & 31) ^ (sl & 7));
+      const bf16* src = src_t + (size_t)(s_beg + sl0) * D;
+      const int lim = s_lim - s_beg - sl0;  // row sl0 + k·RPI is in the split iff k·RPI < lim
+      const uint32_t dst = ring_s + st * (STEP * CPS * 16) + dst_t;
+#pragma unroll
+      for (int k = 0; k < STEP / RPI; ++k) {
+        const bool ok = k * RPI < lim;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                         dst + (uint32_t)(sl * CPS + ph) * 16),
-                     "l"(src), "r"(ok ? 16 : 0)
+                         dst + (uint32_t)(k * RPI * CPS * 16) + ((hx0 ^ ((k * RPI) & 7)) << 4)),
+                     "l"(ok ? src + (size_t)k * RPI * D : src_t), "r"(ok ? 16 : 0)
                      : "memory");
       }
       if (s_beg + STEP >= s_lim) {

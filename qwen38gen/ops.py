@@ -482,7 +482,7 @@ def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
 # Split-K attention (kernels/attention.cuh, AttnLaunch): a row with n cached slots is cut into
 # attn_splits(n) splits of attn_span(n) slots; both depend on n only (never on B or the grid), so
 # a row's output is bitwise the same at every batch size.
-ATTN_SPLIT = 64         # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
+ATTN_SPLIT = 256        # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
 ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
 ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H200
 # attn schedule (AttnLaunch's knobs, scripts/attn_sweep.py). NW (slot warps) and U (slots per warp
@@ -526,10 +526,16 @@ def attn_part_floats(cfg: ModelConfig) -> int:
     return g * cfg.head_dim + cdiv(2 * g, 4) * 4
 
 
-def attn_grid_x(blocks: int) -> int:
-    """grid.x of attn for B*HKV*PT (row, kv head) pairs: blocks loop over the splits of their
-    row, so this only spreads the work (it changes no bit of the result)."""
-    return max(1, min(ATTN_MAX_SPLITS, ATTN_BLOCKS // blocks))
+def attn_grid_x(blocks: int, target: int = ATTN_BLOCKS) -> int:
+    """grid.x of attn / attn_tc for B*HKV*PT (row, kv head) pairs and a target number of blocks
+    (about one wave: ATTN_BLOCKS for attn, ATTN_TC_BLOCKS for attn_tc): blocks loop over the
+    splits of their row, so this only spreads the work (it changes no bit of the result)."""
+    return max(1, min(ATTN_MAX_SPLITS, target // blocks))
+
+
+def attn_blocks(cfg: ModelConfig) -> int:
+    """The grid target of the program's attention kernel (attn_grid_x)."""
+    return ATTN_TC_BLOCKS if attn_uses_tc(cfg) else ATTN_BLOCKS
 
 
 def resolve_shape(shape: list, tmax: int) -> list[int]:
@@ -549,6 +555,7 @@ def attn_smem(cfg: ModelConfig) -> int:
 # every B. ST (ring stages) and MB only reschedule it. The program runs attn_tc when ATTN_TC.
 ATTN_TC = True
 ATTN_TC_NW, ATTN_TC_ST, ATTN_TC_MB = 4, 2, 0
+ATTN_TC_BLOCKS = 132    # grid.x target: attn_tc's 157 KiB of shared memory fit one block per SM
 
 
 def attn_uses_tc(cfg: ModelConfig) -> bool:
@@ -819,7 +826,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                           ["t", sa + "k_norm.weight"], ["f32", eps],
                           ["f32", cfg.rope_theta], buf(pos), buf(ntok), buf("qbuf"),
                           kc, vc, ["tmax"]]},
-                {"k": at.name, "grid": [attn_grid_x(B * Hkv * pt), B * Hkv, pt],
+                {"k": at.name, "grid": [attn_grid_x(B * Hkv * pt, attn_blocks(cfg)), B * Hkv, pt],
                  "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kc, vc,
                           ["tmax"], buf(pos), buf(ntok), buf("attn_part"),
                           buf("attn_arrivals"), buf("o")]}]

@@ -128,7 +128,8 @@ def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=Non
     hg = 1 if kind == "tc" else ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
     prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg)
     R, ld = qkv.shape
-    gx = ops.attn_grid_x(B * HKV * PT) if gx is None else gx
+    target = ops.ATTN_TC_BLOCKS if kind == "tc" else ops.ATTN_BLOCKS
+    gx = ops.attn_grid_x(B * HKV * PT, target) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
     pos_d, ntok_d = to_gpu(np.asarray(pos, np.int32)), to_gpu(np.asarray(ntok, np.int32))
     kc_d, vc_d = to_gpu(kc0), to_gpu(vc0)
