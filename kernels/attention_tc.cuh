@@ -154,13 +154,20 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       const bf16* src = src_t + (size_t)(s_beg + sl0) * D;
       const int lim = s_lim - s_beg - sl0;  // row sl0 + k·RPI is in the split iff k·RPI < lim
       const uint32_t dst = ring_s + st * (STEP * CPS * 16) + dst_t;
+      if (lim >= STEP) {  // a whole step: no bound checks
 #pragma unroll
-      for (int k = 0; k < STEP / RPI; ++k) {
-        const bool ok = k * RPI < lim;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                         dst + (uint32_t)(k * RPI * CPS * 16) + ((hx0 ^ ((k * RPI) & 7)) << 4)),
-                     "l"(ok ? src + (size_t)k * RPI * D : src_t), "r"(ok ? 16 : 0)
-                     : "memory");
+        for (int k = 0; k < STEP / RPI; ++k)
+          cp_async16_s(dst + (uint32_t)(k * RPI * CPS * 16) + ((hx0 ^ ((k * RPI) & 7)) << 4),
+                       src + k * RPI * D);
+      } else {  // the split's last step: zeros past its end (nothing read there)
+#pragma unroll
+        for (int k = 0; k < STEP / RPI; ++k) {
+          const bool ok = k * RPI < lim;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                           dst + (uint32_t)(k * RPI * CPS * 16) + ((hx0 ^ ((k * RPI) & 7)) << 4)),
+                       "l"(ok ? src + (size_t)k * RPI * D : src_t), "r"(ok ? 16 : 0)
+                       : "memory");
+        }
       }
       if (s_beg + STEP >= s_lim) {
         pz += gridDim.x;

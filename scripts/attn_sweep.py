@@ -43,8 +43,8 @@ MAX_SPLITS = 32
 VARIANTS = [
     (4, 4, 1, 4, 64, 0, 1),   # attn as the program ran it in version 9, HG 1
     (4, 4, 3, 4, 64, 0, 1),   # ... at few (row, kv head) pairs
-    ("tc", 4, 2, 256, 0, 1),
-    ("tc", 4, 2, 256, 0, 2),
+    ("tc", 4, 2, 256, 0, 1),  # the program's (ops.ATTN_TC_*, ATTN_SPLIT)
+    ("tc", 4, 3, 256, 0, 1),
     ("tc", 4, 2, 128, 0, 1),
     ("tc", 2, 2, 256, 0, 1),
     ("tc", 2, 2, 256, 0, 2),
