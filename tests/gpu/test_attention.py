@@ -342,7 +342,7 @@ def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
     buffer and the output rows must be bitwise the same."""
     H, HKV = GEOMS[geom]
     rng = np.random.default_rng([p, PT, 23])
-    tmax1, tmax5 = p + PT + 3, 5000 + PT
+    tmax1, tmax5 = p + PT + 3, max(5000, p + 1000) + PT
     qkv1, qn, kn, kc1, vc1 = _inputs(rng, H, HKV, 1, PT, [p], tmax1)
     pos5 = np.array([3000, 17, p, 4321, 64])
     ntok5 = np.array([PT, 1, PT, max(PT - 1, 1), PT])
