@@ -31,9 +31,11 @@
 //            arrivals int32 [R, HKV]: all 0 before the first launch; every launch leaves it 0,
 //              so one pair of buffers serves every attention layer launched on a stream.
 //   Split: a row's n slots are cut into ns(n) = ⌈n / span(n)⌉ splits of span(n) slots,
-//   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = 64, max_splits = 32: 64-slot splits up
-//   to n = 2048, then at most 32 splits of a whole number of 64-slot tiles). It depends on n only,
-//   never on B or the grid, so a row's bits are the same at every batch size.
+//   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = SP, max_splits = 32; the program's SP,
+//   ops.ATTN_SPLIT, is 256: 256-slot splits up to n = 8192, then at most 32 splits of a whole
+//   number of 256-slot tiles). It depends on n only, never on B or the grid, so a row's bits are
+//   the same at every batch size. (attention_tc.cuh's attn_tc, the program's kernel wherever a kv
+//   head has at most 8 query heads, uses the same split, scratch and merge.)
 //   Launch AttnLaunch: grid (gx, B*HKV, PT), block `threads` (32·NW·HG), static smem
 //   static_smem_bytes (25.9 KiB at G = 6 with the default knobs), dynamic smem dyn_smem_bytes
 //   (0 unless ST >= 2: the K/V ring). The schedule knobs NW, U, HG, ST, SP, MB are described at
@@ -47,16 +49,16 @@
 //   each in turn (16-byte loads, a lane owns 8 dims) and keep their own online softmax (running
 //   max, sum and o for G heads) in registers, in the log2 domain; at the end the warp states are
 //   merged in shared memory in a fixed order (M = max m_w, L = Σ_w l_w 2^(m_w−M), o = Σ_w o_w
-//   2^(m_w−M), w = 0, 1, … in order). One split (n ≤ 64): o/L is gated and written as bf16 right
+//   2^(m_w−M), w = 0, 1, … in order). One split (n ≤ SP): o/L is gated and written as bf16 right
 //   there (no scratch, no counter; the arithmetic of the single-pass kernel before split-K).
 //   Several: (M, L, o) go to the split's partial; the block then __threadfence()s and adds its
 //   count of splits to arrivals[r, m]; the block that brings it to ns resets it to 0 and merges
 //   the ns partials read through L2 (__ldcg), in split order z = 0, 1, …, exactly like the warp
 //   merge: M = max m_z, L = Σ_z l_z 2^(m_z−M), o = Σ_z o_z · (2^(m_z−M)/L), then the gate and the
 //   one bf16 rounding. fp32 throughout. Deterministic: no float atomics, fixed merge orders.
-//   Performance note: at B = 1, n = 1024 that is 16 splits × HKV blocks instead of HKV; at large
+//   Performance note: at B = 1, n = 1024 that is n/SP splits × HKV blocks instead of HKV; at large
 //   B·HKV (gx = 1) a block streams its row like the single pass did, plus one warp merge and one
-//   partial (6 KiB at G = 6) per 64 slots and the final merge. A prefill chunk re-reads the K/V of
+//   partial (6 KiB at G = 6) per SP slots and the final merge. A prefill chunk re-reads the K/V of
 //   (b, m) once per token (from L2); a tensor-core tile over the chunk's tokens is the lever there.
 //
 // Template parameters: D head_dim (256: a warp covers one head with one 16-byte vector per lane),

@@ -479,9 +479,12 @@ def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
                       f"q38::AttnPrepLaunch<{targs}>::grid_y == {cdiv(h + 2 * hkv, 8)}"))
 
 
-# Split-K attention (kernels/attention.cuh, AttnLaunch): a row with n cached slots is cut into
-# attn_splits(n) splits of attn_span(n) slots; both depend on n only (never on B or the grid), so
-# a row's output is bitwise the same at every batch size.
+# Split-K attention (kernels/attention.cuh, AttnLaunch; attention_tc.cuh, AttnTcLaunch): a row
+# with n cached slots is cut into attn_splits(n) splits of attn_span(n) slots; both depend on n
+# only (never on B or the grid), so a row's output is bitwise the same at every batch size.
+# Version 10: 256 instead of 64 slots per split (a warp merge and a 6 KiB partial per split were a
+# quarter of attn_tc's work at 64; bench/2026-12-03-h200-v10-attn-sweep-2.txt). SP fixes the
+# arithmetic: changing it needs new golden runs.
 ATTN_SPLIT = 256        # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
 ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
 ATTN_BLOCKS = 264       # grid.x target: about two blocks per SM of a 132-SM H200
@@ -553,6 +556,9 @@ def attn_smem(cfg: ModelConfig) -> int:
 # to bf16 as HF rounds the softmax), the same inputs, scratch, split rule and grid as attn. NW
 # (warps, 16 slots each per block step) fixes a row's arithmetic like ATTN_SPLIT: one value at
 # every B. ST (ring stages) and MB only reschedule it. The program runs attn_tc when ATTN_TC.
+# scripts/attn_sweep.py on an H200 (bench/2026-12-03-h200-v10-attn-sweep-3.txt), us per layer at
+# T = 1024, B = 1 / 16 / 64: NW 4 14.1 / 28.2 / 85.6 (attn: 12.9 / 46.5 / 138.9); NW 2 with two
+# QK chains 17.6 / 31.1 / 81.3; a third ring stage no faster (28.9 at B = 16).
 ATTN_TC = True
 ATTN_TC_NW, ATTN_TC_ST, ATTN_TC_MB = 4, 2, 0
 ATTN_TC_BLOCKS = 132    # grid.x target: attn_tc's 157 KiB of shared memory fit one block per SM

@@ -22,7 +22,7 @@ cmd=(python3 "${NCU_SCRIPT:-scripts/gemv_sweep.py}" profile "$1" ${NCU_ARGS:-})
 ncu ${NCU_FILTER:-} --metrics "$m" "${cmd[@]}"
 if [ -n "${2:-}" ]; then
   mkdir -p "$2"
-  ncu --section SourceCounters --section WarpStateStats --import-source no -f -o "$2/prof" \
+  ncu ${NCU_FILTER:-} --section SourceCounters --section WarpStateStats --import-source no -f -o "$2/prof" \
     "${cmd[@]}" > "$2/ncu-source.log" 2>&1
   ncu --import "$2/prof.ncu-rep" --page source --csv --print-source sass > "$2/source.csv" 2>&1
 fi
