@@ -281,20 +281,24 @@ struct XOwner {
   }
 };
 
-// Several splits (attn, attn_tc): this block's `mine` partials of row (r, m) are out in prow
-// (part_floats PF each: o[G][D] unnormalised, then m[G], l[G]); count them in *cnt. The block
-// that brings the count to ns merges all ns partials (in split order), gates them (gate: this
-// kv head's first query head, head g's gate at gate + 2Dg) into orow, and resets the counter, so
-// every launch finds it at 0:
+// Several splits (attn, attn_tc): this block's `mine` partials of row (r, kv head m) are out in
+// prow (part_floats PF each: o[G][D] unnormalised, then m[G], l[G]); count them in
+// arrivals[pair], pair = r·HKV + m. The block that brings the count to ns merges all ns partials
+// (in split order), gates them (gate: the row's gates, query head j's at gate + 2Dj) into orow,
+// and resets the counter, so every launch finds it at 0:
 //   M = max_z m_z, L = Σ_z l_z 2^(m_z − M), o = Σ_z o_z · (2^(m_z − M) / L), z = 0, 1, … in order;
-// the partials are read through L2 (__ldcg: other SMs wrote them in this launch).
+// the partials are read through L2 (__ldcg: other SMs wrote them in this launch). (Pointers are
+// formed where they are used: passing ready-made ones made attn spill 4 bytes at HG 3.)
 template <int D, int G, int NT, int MAXS>
 __device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int ns, int mine,
-                                                  int* cnt, const bf16* gate, bf16* orow,
-                                                  float (&sm_w)[2][MAXS][G], int& s_last) {
+                                                  int* arrivals, int pair, const bf16* gate,
+                                                  int m, bf16* orow) {
+  __shared__ float sm_w[2][MAXS][G];  // m, l, then the weights of the splits
+  __shared__ int s_last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
+    int* cnt = arrivals + pair;
     const int last = atomicAdd(cnt, mine) + mine == ns;
     if (last) *cnt = 0;  // every split has arrived: nothing else touches it in this launch
     __threadfence();
@@ -328,7 +332,7 @@ __device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int
       a[2] = fmaf(w, v.z, a[2]);
       a[3] = fmaf(w, v.w, a[3]);
     }
-    const bf16* gp = gate + 2 * D * g + d;
+    const bf16* gp = gate + 2 * D * (m * G + g) + d;
     bf162* dst = reinterpret_cast<bf162*>(orow + g * D + d);
     dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
     dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
@@ -355,8 +359,6 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
   constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot in the ring (K, then V)
   __shared__ float sm_ml[2][NW][G];                     // per slot warp: running max, sum
   __shared__ __align__(16) float sm_o[NW * HG][GR][D];  // per warp: o of GR heads, in the merge
-  __shared__ float sm_w[2][L::max_splits][G];           // split merge: m, l, then the weights
-  __shared__ int s_last;
   extern __shared__ uint4 kv_ring[];                    // ST >= 2: [ST][STEP][CPS]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -587,9 +589,8 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
     }
   }
   if (ns == 1) return;
-  attn_merge_splits<D, G, L::threads, L::max_splits>(prow, PF, ns, mine,
-                                                      arrivals + (size_t)r * HKV + m,
-                                                      gate + 2 * D * m * G, orow, sm_w, s_last);
+  attn_merge_splits<D, G, L::threads, L::max_splits>(prow, PF, ns, mine, arrivals, r * HKV + m,
+                                                      gate, m, orow);
 }
 
 }  // namespace q38

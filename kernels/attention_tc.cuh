@@ -114,8 +114,6 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   bf16* sm_q = reinterpret_cast<bf16*>(reinterpret_cast<char*>(tc_smem) + L::ring_bytes +
                                        L::o_bytes);
   __shared__ float sm_ml[2][NW][G];  // per warp: running max, sum
-  __shared__ float sm_w[2][L::max_splits][G];
-  __shared__ int s_last;
 
   const int lane = threadIdx.x & 31, ws = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -334,8 +332,8 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
     __syncthreads();  // sm_o and sm_ml are rewritten by the next split
   }
   if (ns == 1) return;
-  attn_merge_splits<D, G, NT, L::max_splits>(prow, PF, ns, mine, arrivals + (size_t)r * HKV + m,
-                                              gate + 2 * D * m * G, orow, sm_w, s_last);
+  attn_merge_splits<D, G, NT, L::max_splits>(prow, PF, ns, mine, arrivals, r * HKV + m, gate, m,
+                                              orow);
 }
 
 }  // namespace q38

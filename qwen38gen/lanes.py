@@ -39,6 +39,9 @@ MODEL_SUPPORT = {
     "linear_conv_kernel_dim": (4,),
 }
 MULTIPLE_OF_128 = ("hidden_size", "intermediate_size", "linear_value_dim", "q_dim", "conv_dim")
+# Query heads per kv head: attn_tc (the program's attention) holds them in one 8-wide n-tile of
+# Pᵀ; attention.cuh's attn would take more, but spills from 12 on (a G = 12 config fails the gate).
+MAX_GQA_GROUP = 8
 
 
 def _describe(allowed) -> str:
@@ -134,6 +137,11 @@ def check_model(cfg: ModelConfig) -> None:
         if v % 128:
             raise UserError(f"model {cfg.name!r}: {key}={v} is not a multiple of 128, "
                             "which the int4 g128 weights need")
+    if cfg.gqa_group > MAX_GQA_GROUP:
+        raise UserError(f"model {cfg.name!r}: {cfg.num_attention_heads} query heads over "
+                        f"{cfg.num_key_value_heads} kv heads is {cfg.gqa_group} per kv head, which "
+                        f"the attention kernel does not support; supported: 1..{MAX_GQA_GROUP} "
+                        "query heads per kv head")
 
 
 def supported_table() -> list[tuple[str, str]]:
@@ -141,4 +149,5 @@ def supported_table() -> list[tuple[str, str]]:
     rows = [(k, _describe(v)) for k, v in SUPPORTED.items()]
     rows += [(f"model.{k}", _describe(v)) for k, v in MODEL_SUPPORT.items()]
     rows += [(f"model.{k}", "multiple of 128") for k in MULTIPLE_OF_128]
+    rows += [("model.num_attention_heads / num_key_value_heads", f"1..{MAX_GQA_GROUP}")]
     return rows

@@ -565,8 +565,10 @@ ATTN_TC_BLOCKS = 132    # grid.x target: attn_tc's 157 KiB of shared memory fit 
 
 
 def attn_uses_tc(cfg: ModelConfig) -> bool:
-    """attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ); attn serves any."""
-    return ATTN_TC and cfg.num_attention_heads // cfg.num_key_value_heads <= 8
+    """attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ; lanes.check_model
+    rejects more). ATTN_TC = False runs attention.cuh's attn instead (the CUDA-core kernel before
+    version 10, kept as the sweeps' baseline)."""
+    return ATTN_TC and cfg.gqa_group <= 8
 
 
 def attn_tc_smem(cfg: ModelConfig, nw: int = 0, st: int = 0) -> int:

@@ -234,3 +234,28 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
         assert n_xt == {64: 3, 32: 3, 16: 0}[btg] * n_layers + (btg >= 32 and not mtp), n_xt
     if btg < 32:
         assert nxt == 0
+
+
+def test_attention_kernel_choice(monkeypatch, tmp_path):
+    """The program runs attn_tc (tensor cores); with ops.ATTN_TC off it runs attention.cuh's attn
+    over the same grid and scratch, and that program passes the gate too."""
+    from qwen38gen import gate as G
+    from qwen38gen import ops
+
+    def attn_kernels(prog):
+        return {L["k"] for L in prog.manifest["schedule"]["decode"]
+                if L["k"].startswith("q38_attn") and "prep" not in L["k"]}
+
+    cfg, lanes = PRESETS["tiny"], Lanes.make(3, pt=4)
+    tc = emit_program(cfg, lanes)
+    assert attn_kernels(tc) == {"q38_attn_tc_pt1"}
+    monkeypatch.setattr(ops, "ATTN_TC", False)
+    cc = emit_program(cfg, lanes)
+    assert attn_kernels(cc) == {"q38_attn_pt1_hg3"}
+    cu, _ = write_program(cc, tmp_path / "cc.cu")
+    res = G.gate_file(cu)
+    assert not res.problems
+    grids = [[L["grid"] for L in p.manifest["schedule"]["decode"] if L["k"] in attn_kernels(p)]
+             for p in (tc, cc)]
+    # grid.y, grid.z: (sequence, kv head) pairs and chunk rows alike; grid.x: each kernel's target
+    assert [g[1:] for g in grids[0]] == [g[1:] for g in grids[1]]

@@ -1,5 +1,7 @@
 """Lanes: defaults, the QWEN38_PT environment, the one name, and rejections naming the field."""
 
+import dataclasses
+
 import pytest
 
 from qwen38gen.config import PRESETS
@@ -46,3 +48,8 @@ def test_model_support():
     check_model(PRESETS["qwen3.8-27b"])
     with pytest.raises(UserError, match=r"model 'toy': linear_key_head_dim=16 is not supported"):
         check_model(PRESETS["toy"])
+    wide = dataclasses.replace(PRESETS["tiny"], name="tiny-g12", num_attention_heads=12,
+                               num_key_value_heads=1)
+    with pytest.raises(UserError, match=r"12 query heads over 1 kv heads is 12 per kv head.*"
+                                        r"supported: 1\.\.8"):
+        check_model(wide)
