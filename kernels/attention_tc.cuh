@@ -23,12 +23,14 @@
 // the gated bf16 output) is written; the splits of a row are merged by attn_merge_splits (shared
 // with attn). Deterministic: fixed sum orders everywhere, no float atomics.
 //
-// Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps), ST (ring stages,
-// ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW), MB (min blocks
-// per SM for __launch_bounds__, 0: not given), QC (1: each 8-slot score tile is one chain of 16
-// mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP). Launch: grid (gx, B·HKV, PT) as attn, block
-// AttnTcLaunch::threads, dynamic smem AttnTcLaunch::dyn_smem_bytes (the caller raises the
-// function's limit above 48 KiB), no static smem beyond a few hundred bytes.
+// Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps, a power of two ≥ 2),
+// ST (ring stages, ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW),
+// MB (min blocks per SM for __launch_bounds__, 0: not given), QC (1: each 8-slot score tile is
+// one chain of 16 mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP).
+// Launch: grid (gx, B·HKV, PT) as attn, block AttnTcLaunch::threads, dynamic smem
+// AttnTcLaunch::dyn_smem_bytes (the caller raises the function's limit above 48 KiB), static
+// smem a few hundred bytes. The program's schedule (ops.ATTN_TC_*): NW 4, ST 2, SP 256, QC 1,
+// 157 KiB of shared memory, one block per SM.
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/attention_tc.cuh -o /dev/null
@@ -37,7 +39,8 @@
 
 namespace q38 {
 
-template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0, int QC = 1>
+template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
+          int QC = 1>
 struct AttnTcLaunch {
   static constexpr int G = H / HKV;
   static constexpr int warps = NW;

@@ -36,7 +36,7 @@ G = H // HKV
 LD = 2 * H * D + 2 * HKV * D  # the fused q|gate|k|v projection row
 MAX_SPLITS = 32
 # attn (CUDA cores): (NW, U, HG, ST, SP, MB, RX); attn_tc (tensor cores, attention_tc.cuh):
-# ("tc", NW, ST, SP, MB). The first is the CUDA-core default schedule (the bitwise reference of
+# ("tc", NW, ST, SP, MB, QC). The first is the CUDA-core default schedule (the bitwise reference of
 # its class and the tolerance reference of every other class). Session 2's sweep
 # (bench/2026-12-02-h200-attn-sweep.txt) chose NW 4, U 4, ST 4 with HG 1 (3 at few pairs), session
 # 8's RX = 1; session 10 adds attn_tc.
@@ -93,8 +93,9 @@ def threads(v):
 
 def dyn_smem(v):
     if is_tc(v):
-        nw, st = v[1], v[2]
-        return st * 16 * nw * 2 * D * 2 + nw * G * (D + 4) * 4 + 8 * (D + 8) * 2
+        from qwen38gen import ops
+        from qwen38gen.config import PRESETS
+        return ops.attn_tc_smem(PRESETS["qwen3.8-27b"], nw=v[1], st=v[2])
     nw, u, _, st = v[:4]
     return st * nw * u * 2 * D * 2 if st >= 2 else 0
 
