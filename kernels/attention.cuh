@@ -34,8 +34,8 @@
 //   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = SP, max_splits = 32; the program's SP,
 //   ops.ATTN_SPLIT, is 256: 256-slot splits up to n = 8192, then at most 32 splits of a whole
 //   number of 256-slot tiles). It depends on n only, never on B or the grid, so a row's bits are
-//   the same at every batch size. (attention_tc.cuh's attn_tc, the program's kernel wherever a kv
-//   head has at most 8 query heads, uses the same split, scratch and merge.)
+//   the same at every batch size (AttnSplitRule). attention_tc.cuh's attn_tc, the program's
+//   kernel, uses the same split, scratch and merge.
 //   Launch AttnLaunch: grid (gx, B*HKV, PT), block `threads` (32·NW·HG), static smem
 //   static_smem_bytes (25.9 KiB at G = 6 with the default knobs), dynamic smem dyn_smem_bytes
 //   (0 unless ST >= 2: the K/V ring). The schedule knobs NW, U, HG, ST, SP, MB are described at
@@ -105,9 +105,28 @@ struct AttnPrepLaunch {
 //       (xsum_transposed: each level exchanges half of the values still held) and then read from
 //       their owner lanes, ~50 shuffles a step instead of 5 per score (120 at GH·U = 24). The
 //       same pairs are added at every level, so the sums are warp_sum's bits. Scheduling only.
+// The split rule and the partials' size, shared by attn's AttnLaunch and attn_tc's AttnTcLaunch:
+// a row of n slots is cut into ns(n) splits of span(n) slots (a multiple of `split` = SP), at
+// most max_splits of them; both depend on n only, never on B or the grid.
+template <int D, int G, int SP>
+struct AttnSplitRule {
+  static constexpr int split = SP;
+  static constexpr int max_splits = 32;
+  // One split's partial in the scratch: o[G][D] (unnormalised), then m[G], l[G], padded to 16 B.
+  static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
+  __host__ __device__ static constexpr int span(int n) {
+    return split * (((n + split - 1) / split + max_splits - 1) / max_splits);
+  }
+  __host__ __device__ static constexpr int splits(int n) { return (n + span(n) - 1) / span(n); }
+  // Partials per (row, kv head) in the scratch: the most splits any n <= tmax has.
+  __host__ __device__ static constexpr int stride(int tmax) {
+    return (tmax + split - 1) / split < max_splits ? (tmax + split - 1) / split : max_splits;
+  }
+};
+
 template <int D, int H, int HKV, int PT, int NW = 8, int U = 4, int HG = 1, int ST = 0,
           int SP = 64, int MB = 0, int RX = 0>
-struct AttnLaunch {
+struct AttnLaunch : AttnSplitRule<D, H / HKV, SP> {
   static constexpr int G = H / HKV;
   static constexpr int GH = G / HG;  // heads per warp
   static constexpr int slot_warps = NW;
@@ -119,26 +138,13 @@ struct AttnLaunch {
   static constexpr int stages = ST;
   static constexpr int min_blocks = MB;
   static constexpr int step = NW * U;  // slots per block step
-  // Split-K: a row of n slots is cut into ns(n) splits of span(n) slots (a multiple of `split`),
-  // at most max_splits of them; both depend on n only, never on B or the grid.
-  static constexpr int split = SP;
-  static constexpr int max_splits = 32;
+  using AttnSplitRule<D, H / HKV, SP>::max_splits;
   // Local heads per round of the in-block warp merge (shared memory sm_o[warps][merge_heads][D]).
   static constexpr int merge_heads = GH % 3 == 0 ? 3 : (GH % 2 == 0 ? 2 : 1);
-  // One split's partial in the scratch: o[G][D] (unnormalised), then m[G], l[G], padded to 16 B.
-  static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
   // ST >= 2: the cp.async ring, ST stages of `step` slots of K then V (bf16 [2][D] per slot).
   static constexpr int dyn_smem_bytes = ST >= 2 ? ST * step * 2 * D * 2 : 0;
   static constexpr int static_smem_bytes =
       (2 * NW * G + warps * merge_heads * D + 2 * max_splits * G + 1) * 4;
-  __host__ __device__ static constexpr int span(int n) {
-    return split * (((n + split - 1) / split + max_splits - 1) / max_splits);
-  }
-  __host__ __device__ static constexpr int splits(int n) { return (n + span(n) - 1) / span(n); }
-  // Partials per (row, kv head) in the scratch: the most splits any n <= tmax has.
-  __host__ __device__ static constexpr int stride(int tmax) {
-    return (tmax + split - 1) / split < max_splits ? (tmax + split - 1) / split : max_splits;
-  }
   // grid = (gx, B*HKV, PT), gx >= 1 free (ops.attn_grid_x); static smem = static_smem_bytes,
   // dynamic smem = dyn_smem_bytes
 };

@@ -41,7 +41,7 @@ namespace q38 {
 
 template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
           int QC = 1>
-struct AttnTcLaunch {
+struct AttnTcLaunch : AttnSplitRule<D, H / HKV, SP> {
   static constexpr int G = H / HKV;
   static constexpr int warps = NW;
   static constexpr int threads = 32 * NW;
@@ -49,9 +49,6 @@ struct AttnTcLaunch {
   static constexpr int stages = ST;
   static constexpr int min_blocks = MB;
   static constexpr int qk_chains = QC;
-  static constexpr int split = SP;
-  static constexpr int max_splits = 32;
-  static constexpr int part_floats = G * D + (2 * G + 3) / 4 * 4;
   static constexpr int slot_bytes = 2 * D * 2;   // K row then V row, bf16
   static constexpr int ring_bytes = ST * step * slot_bytes;
   static constexpr int o_stride = D + 4;         // fp32 per head row of the warp merge (banks)
@@ -59,13 +56,6 @@ struct AttnTcLaunch {
   static constexpr int q_stride = D + 8;         // bf16 per head row of Q (banks)
   static constexpr int q_bytes = 8 * q_stride * 2;
   static constexpr int dyn_smem_bytes = ring_bytes + o_bytes + q_bytes;
-  __host__ __device__ static constexpr int span(int n) {
-    return split * (((n + split - 1) / split + max_splits - 1) / max_splits);
-  }
-  __host__ __device__ static constexpr int splits(int n) { return (n + span(n) - 1) / span(n); }
-  __host__ __device__ static constexpr int stride(int tmax) {
-    return (tmax + split - 1) / split < max_splits ? (tmax + split - 1) / split : max_splits;
-  }
 };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {

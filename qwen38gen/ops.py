@@ -536,9 +536,9 @@ def attn_grid_x(blocks: int, target: int = ATTN_BLOCKS) -> int:
     return max(1, min(ATTN_MAX_SPLITS, target // blocks))
 
 
-def attn_blocks(cfg: ModelConfig) -> int:
+def attn_blocks() -> int:
     """The grid target of the program's attention kernel (attn_grid_x)."""
-    return ATTN_TC_BLOCKS if attn_uses_tc(cfg) else ATTN_BLOCKS
+    return ATTN_TC_BLOCKS if ATTN_TC else ATTN_BLOCKS
 
 
 def resolve_shape(shape: list, tmax: int) -> list[int]:
@@ -559,16 +559,12 @@ def attn_smem(cfg: ModelConfig) -> int:
 # scripts/attn_sweep.py on an H200 (bench/2026-12-03-h200-v10-attn-sweep-3.txt), us per layer at
 # T = 1024, B = 1 / 16 / 64: NW 4 14.1 / 28.2 / 85.6 (attn: 12.9 / 46.5 / 138.9); NW 2 with two
 # QK chains 17.6 / 31.1 / 81.3; a third ring stage no faster (28.9 at B = 16).
+# ATTN_TC = False runs attention.cuh's attn instead (the CUDA-core kernel before version 10, kept
+# as the sweeps' baseline). attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ);
+# lanes.check_model refuses more before anything is emitted.
 ATTN_TC = True
 ATTN_TC_NW, ATTN_TC_ST, ATTN_TC_MB = 4, 2, 0
 ATTN_TC_BLOCKS = 132    # grid.x target: attn_tc's 157 KiB of shared memory fit one block per SM
-
-
-def attn_uses_tc(cfg: ModelConfig) -> bool:
-    """attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ; lanes.check_model
-    rejects more). ATTN_TC = False runs attention.cuh's attn instead (the CUDA-core kernel before
-    version 10, kept as the sweeps' baseline)."""
-    return ATTN_TC and cfg.gqa_group <= 8
 
 
 def attn_tc_smem(cfg: ModelConfig, nw: int = 0, st: int = 0) -> int:
@@ -588,7 +584,7 @@ def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
     """The program's attention kernel for chunks of pt rows: attn_tc (ATTN_TC) or attn with hg
     head groups."""
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    if attn_uses_tc(cfg):
+    if ATTN_TC:
         targs = f"{d}, {h}, {hkv}, {pt}, {ATTN_TC_NW}, {ATTN_TC_ST}, {ATTN_SPLIT}, {ATTN_TC_MB}"
         A = f"q38::AttnTcLaunch<{targs}>"
         threads, smem = 32 * ATTN_TC_NW, attn_tc_smem(cfg)
@@ -834,7 +830,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                           ["t", sa + "k_norm.weight"], ["f32", eps],
                           ["f32", cfg.rope_theta], buf(pos), buf(ntok), buf("qbuf"),
                           kc, vc, ["tmax"]]},
-                {"k": at.name, "grid": [attn_grid_x(B * Hkv * pt, attn_blocks(cfg)), B * Hkv, pt],
+                {"k": at.name, "grid": [attn_grid_x(B * Hkv * pt, attn_blocks()), B * Hkv, pt],
                  "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kc, vc,
                           ["tmax"], buf(pos), buf(ntok), buf("attn_part"),
                           buf("attn_arrivals"), buf("o")]}]

@@ -116,9 +116,10 @@ def part_floats():
     return G * D + -(-2 * G // 4) * 4
 
 
-def grid_x(blocks):
+def grid_x(blocks, v):
+    """The program's grid.x for this many (row, kv head) pairs and this variant's kernel."""
     from qwen38gen import ops
-    return ops.attn_grid_x(blocks)
+    return ops.attn_grid_x(blocks, ops.ATTN_TC_BLOCKS if is_tc(v) else ops.ATTN_BLOCKS)
 
 
 def source() -> str:
@@ -214,7 +215,7 @@ def run(cubin: str, reps: int = 30):
             fn = mod.get_function(nm)
             sm = dyn_smem(v)
             allow_dynamic_smem(fn, sm)
-            gx0 = grid_x(B * HKV * PT)
+            gx0 = grid_x(B * HKV * PT, v)
             for gx in sorted({max(1, gx0 // 2), gx0, min(MAX_SPLITS, 2 * gx0)}):
                 grid, block = (gx, B * HKV, PT), (threads(v), 1, 1)
 

@@ -109,8 +109,8 @@ static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
 
 @pytest.fixture(params=["tc", "cc"])
 def kind(request):
-    """The attention kernel under test: attn_tc (tensor cores, what the program runs where
-    ops.attn_uses_tc) or attn (CUDA cores)."""
+    """The attention kernel under test: attn_tc (tensor cores, what the program runs while
+    ops.ATTN_TC) or attn (CUDA cores)."""
     return request.param
 
 
