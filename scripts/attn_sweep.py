@@ -275,7 +275,8 @@ def report(results):
         print(f"  B={k[0]:2d} T={k[1]:4d}: {' '.join(map(str, r['variant']))} gx={r['gx']} "
               f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s  (default {base[k]['us']:.2f} us "
               f"{base[k]['gbs']:.0f} GB/s; x16 layers {16 * r['us'] / 1e3:.3f} ms)")
-    print("\nper arithmetic class (attn: NW/U/SP, attn_tc: tc/NW/SP): the sum over the T = 1024 cases of its best times")
+    print("\nper arithmetic class (attn: NW/U/SP, attn_tc: tc/NW/SP/QC): the best time of each "
+          "T = 1024 case")
     cls = {}
     for r in results:
         if r["ok"] and r["T"] == 1024:
