@@ -27,7 +27,10 @@
 
 namespace q38 {
 
-enum GemvEpilogue { EPI_STORE = 0, EPI_ADD = 1 };
+// EPI_SWIGLU: the block's two m-tiles are gate tile t and up tile t + MS of a fused gate_up
+// weight; y[r, f] = bf16(silu(bf16(gate)) · bf16(up)), as the swiglu kernel computes it from the
+// EPI_STORE output (elementwise.cuh), so fusing it changes no bit.
+enum GemvEpilogue { EPI_STORE = 0, EPI_ADD = 1, EPI_SWIGLU = 2 };
 
 template <int MT, int NT, int KS, int ST = 2, int AS = 0>
 struct GemvLaunch {
@@ -121,7 +124,7 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32. MT, NT, ST,
 // XS and AS change only the schedule, so a row's result depends only on K and KS (the split of
 // the groups into KS parts, summed in part order).
-template <int K, int MT, int NT, int ST, int XS, int AS = 0, int AB = 0>
+template <int K, int MT, int NT, int ST, int XS, int AS = 0, int AB = 0, int MS = 0>
 struct GemvWarp {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
@@ -134,6 +137,8 @@ struct GemvWarp {
   // k-tile h at [32h + l]) then 2 uint4 = the group's 16 bf16 scales.
   static constexpr int RING_SLOT = 66;
   static constexpr int ring_uint4 = AS ? ST * MT * RING_SLOT : 0;
+  // Row tile of m-tile m: rt + m (MS = 0), or rt + m·MS (the m-tiles MS tiles apart).
+  static __device__ __forceinline__ int tile(int rt, int m) { return rt + (MS ? m * MS : m); }
 
   const uint4* __restrict__ qweight;
   const unsigned short* __restrict__ sc16;
@@ -171,12 +176,12 @@ struct GemvWarp {
         uint4* slot = ring + (s * MT + m) * RING_SLOT;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          cp_async16(slot + 32 * h + lane, qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
+          cp_async16(slot + 32 * h + lane, qweight + ((size_t)tile(rt, m) * KT + 2 * gi + h) * 32 + lane);
       }
       if (lane < 2 * MT) {
         const int m = lane >> 1, half = lane & 1;
         cp_async16(ring + (s * MT + m) * RING_SLOT + 64 + half,
-                   reinterpret_cast<const uint4*>(sc16 + ((size_t)(rt + m) * NG + gi) * 16) + half);
+                   reinterpret_cast<const uint4*>(sc16 + ((size_t)tile(rt, m) * NG + gi) * 16) + half);
       }
       cp_async_commit();
     } else {
@@ -184,8 +189,8 @@ struct GemvWarp {
       for (int m = 0; m < MT; ++m) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          w[s][m][h] = ld_stream16(qweight + ((size_t)(rt + m) * KT + 2 * gi + h) * 32 + lane);
-        const unsigned short* sp = sc16 + ((size_t)(rt + m) * NG + gi) * 16;
+          w[s][m][h] = ld_stream16(qweight + ((size_t)tile(rt, m) * KT + 2 * gi + h) * 32 + lane);
+        const unsigned short* sp = sc16 + ((size_t)tile(rt, m) * NG + gi) * 16;
         sw[s][m] = (uint32_t)__ldg(sp + g) | ((uint32_t)__ldg(sp + g + 8) << 16);
       }
     }
@@ -313,21 +318,34 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
   }
 }
 
+// SwiGLU of a gate sum g and an up sum u of feature n, row r (swiglu8's arithmetic).
+__device__ __forceinline__ void gemv_store_swiglu(bf16* y, int ldy, int n, int r, int N, int R, float g,
+                                                  float u) {
+  if (n < N && r < R) y[(size_t)r * ldy + n] = to_bf(siluf_(round_bf(g)) * round_bf(u));
+}
+
 // MT: m-tiles (16 output rows) per warp; NT: n-tiles (8 activation rows) per warp, BTG = 8*NT;
-// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue;
+// KS: warps per block splitting K; K: input width (a multiple of 128); EPI: GemvEpilogue
+// (EPI_SWIGLU: grid.x = the gate's row tiles, N = the features, y = the SwiGLU output);
 // ST: pipeline stages, the groups of weights (and their scales) a warp has in flight, ST-1 of
 // them ahead of the one it multiplies; XS: 1 = the activations of a group are loaded with its
 // stage (ahead), 0 = when the group is multiplied (they mostly hit L1/L2); AS: 1 = the stages
 // live in shared memory, filled by cp.async (GemvWarp), 0 = in registers.
 // MT, NT, ST, XS and AS change neither the arithmetic nor its order, only how it is scheduled: a
 // row's result is bitwise the same for every choice of them (KS does change the sum order).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int AB = 0>
+// MS: 0, or the tile distance of the two m-tiles of EPI_SWIGLU (the up part's first tile).
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int AB = 0,
+          int MS = 0>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
-  using Wp = GemvWarp<K, MT, NT, ST, XS, AS, AB>;
+  static_assert((EPI == EPI_SWIGLU) == (MS > 0) && (EPI != EPI_SWIGLU || MT == 2),
+                "gemv: EPI_SWIGLU takes m-tile pairs (gate, up) MS tiles apart, MT = 2");
+  using Wp = GemvWarp<K, MT, NT, ST, XS, AS, AB, MS>;
   constexpr int NG = Wp::NG, V = Wp::V;
+  // EPI_SWIGLU: value v < VS of a lane is a gate sum, v + VS the up sum of the same (f, r)
+  constexpr int VS = EPI == EPI_SWIGLU ? V / 2 : V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int rt0 = blockIdx.x * MT;  // first row tile of this block
+  const int rt0 = blockIdx.x * (MS ? 1 : MT);  // first row tile of this block
   const int r0 = blockIdx.y * (8 * NT);
   Wp wp(qweight, scales, x, ldx, r0, R);
   if constexpr (AS) {
@@ -349,20 +367,30 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
     __syncthreads();
     // Thread t finalises value slots v = warp, warp+KS, ... for its lane.
 #pragma unroll 1
-    for (int v = warp; v < V; v += KS) {
+    for (int v = warp; v < VS; v += KS) {
       float s = 0.f;
 #pragma unroll
       for (int w = 0; w < KS; ++w) s += red[w][v][lane];
       int n, r;
       gemv_out_index(v, NT, lane, rt0, r0, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, s);
+      if constexpr (EPI == EPI_SWIGLU) {
+        float u = 0.f;
+#pragma unroll
+        for (int w = 0; w < KS; ++w) u += red[w][v + VS][lane];
+        gemv_store_swiglu(y, ldy, n, r, N, R, s, u);
+      } else {
+        gemv_store<EPI>(y, ldy, n, r, N, R, s);
+      }
     }
   } else {
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
+    for (int v = 0; v < VS; ++v) {
       int n, r;
       gemv_out_index(v, NT, lane, rt0, r0, n, r);
-      gemv_store<EPI>(y, ldy, n, r, N, R, wp.value(v));
+      if constexpr (EPI == EPI_SWIGLU)
+        gemv_store_swiglu(y, ldy, n, r, N, R, wp.value(v), wp.value(v + VS));
+      else
+        gemv_store<EPI>(y, ldy, n, r, N, R, wp.value(v));
     }
   }
 }

@@ -7,6 +7,7 @@ signature and its launch rule; nothing else in the package knows a kernel's sign
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from .config import ModelConfig
@@ -93,18 +94,45 @@ def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     return 1, 2, 0, 0
 
 
+EPI_SWIGLU = 2  # gemv_q4.cuh GemvEpilogue
+# SwiGLU in the epilogue of the gate_up GEMV wherever gemv_q4 serves it (QWEN38_SWIGLU_FUSE=0
+# emits the separate swiglu kernel instead, for A/B runs): bench/NOTES.md, version 11.
+SWIGLU_FUSE = os.environ.get("QWEN38_SWIGLU_FUSE", "1") != "0"
+
+
+def swiglu_fuses(btg: int, R: int) -> bool:
+    """Whether gate_up (on gemv_q4) takes SwiGLU into its epilogue at batch tile btg over R rows.
+    It needs MT = 2 (a gate and an up tile per block). Measured in the step (bench/NOTES.md,
+    version 11; fused against separate, same run): 16 rows, gate_up's own schedule, 8.732 ->
+    8.599 ms at B = 16; 1 row with the cp.async ring, 5.141 -> 5.004 ms at B = 1; but at 4 and 8
+    rows every MT = 2 schedule tried was slower than MT = 1 by more than the kernel saved (B = 8
+    6.148 -> 6.349 ms), so B = 2 ... 8 keep the separate swiglu kernel."""
+    return btg >= 16 or R == 1
+
+
+def gemv_swiglu_config(k: int, btg: int) -> tuple[int, int, int]:
+    """(ST, XS, AS) of the fused gate_up + SwiGLU launch (MT = 2): at 16 rows and up gemv_config's
+    gate_up schedule; at one row the cp.async ring (70 registers, 4 blocks per SM; in registers
+    MT = 2 takes 80 and cost 4.6 us a launch)."""
+    return (3, 0, 1) if btg <= 8 else (2, 0, 0)
+
+
 def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
     """Dynamic shared memory of a gemv_q4 instance (GemvLaunch::dyn_smem_bytes)."""
     return a * min(GEMV_KS, k // 128) * st * mt * 66 * 16
 
 
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
-               a: int = 0) -> Entry:
+               a: int = 0, ms: int = 0) -> Entry:
+    """ms > 0 (with epi = EPI_SWIGLU, mt = 2): the block's m-tiles are gate tile t and up tile
+    t + ms of a fused gate_up weight."""
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = gemv_smem(k, mt, st, a)
-    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else ""),
-                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}>",
+    return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
+                 + (f"_ms{ms}" if ms else ""),
+                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}"
+                 + (f", 0, {ms}>" if ms else ">"),
                  params=GEMV_PARAMS, threads=32 * ks, smem=smem, waits=True,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
@@ -812,6 +840,35 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                  "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]},
                 gemv(wname, "h", y, ldy, R, 0, xt=bool(tnt))]
 
+    def q4_serves(wname: str, R: int, xt: bool = False) -> bool:
+        """Whether gemv() runs this weight over R rows on gemv_q4 (not wgmma_q4 or gemm_q4)."""
+        w = plan.weights[wname]
+        if wgmma and wgmma_launch(w["rows"], w["k"], btg, R, xt=xt):
+            return False
+        return gemm_launch(w["rows"], w["k"], btg, R) is None
+
+    def mlp(wnorm: str, gu: str, down: str, R: int) -> list[dict]:
+        """x += W_down SwiGLU(W_gate_up RMS1p(x)). Where gemv_q4 serves gate_up and the down
+        GEMV reads its input in rows, SwiGLU is gate_up's epilogue (EPI_SWIGLU): one launch and
+        the gu buffer's round trip fewer, the same bits."""
+        w = plan.weights[gu]
+        if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and q4_serves(gu, R)
+                and not tiled_input(gu, R) and not tiled_input(down, R)):
+            return normed_gemv(wnorm, gu, "gu", 2 * F, R) + swiglu_down(down, R)
+        n_out, k = w["rows"], w["k"]
+        (_, up_off, _) = w["parts"][1]
+        assert up_off % 16 == 0 and n_out == 2 * up_off, w
+        norm = plan.entry(rmsnorm_entry(H))
+        tile = gemv_tile(n_out, k, btg)
+        st, xs, a = gemv_swiglu_config(k, tile)
+        e = plan.entry(gemv_entry(k, tile, EPI_SWIGLU, 2, st, xs, a, ms=up_off // 16))
+        return [{"k": norm.name, "grid": [R, 1, 1],
+                 "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]},
+                {"k": e.name, "grid": [up_off // 16, cdiv(R, tile), 1],
+                 "args": [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
+                          buf("act"), ["i32", F], ["i32", F], ["i32", R]]},
+                gemv(down, "act", "x", H, R, 1)]
+
     def swiglu_down(wname: str, R: int) -> list[dict]:
         """act = SwiGLU(gu) (in tile order where the down GEMV reads it so), then x += W act."""
         tnt = tiled_input(wname, R)
@@ -872,8 +929,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                                buf("vc", 0, la[i] * kv_layer))
             # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention.
             s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
-            s += normed_gemv(p + "post_attention_layernorm.weight", f"L{i}.gate_up", "gu", 2 * F, R)
-            s += swiglu_down(f"L{i}.down", R)
+            s += mlp(p + "post_attention_layernorm.weight", f"L{i}.gate_up", f"L{i}.down", R)
         # A decode step of a lane without mtp feeds the final norm straight to the lm_head,
         # so it may write the tile order; elsewhere the gather or the mtp layer reads it in rows.
         tnt = tiled_input("lm_head", B) if pt == 1 and not verify and not K else 0
@@ -924,8 +980,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         s += normed_gemv(mp + "input_layernorm.weight", "M.in", "proj", n_in, R)
         s += attention(pt, R, mp + "self_attn.", buf("mkc"), buf("mvc"), ntok=ntok, pos=pos)
         s.append(gemv("M.out", "o", "x", H, R, 1, ldx=cfg.q_dim))
-        s += normed_gemv(mp + "post_attention_layernorm.weight", "M.gate_up", "gu", 2 * F, R)
-        s += swiglu_down("M.down", R)
+        s += mlp(mp + "post_attention_layernorm.weight", "M.gate_up", "M.down", R)
         s.append({"k": norm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "mtp.norm.weight"], buf(out if not gather else "h"),
                            ["f32", eps]]})

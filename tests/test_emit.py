@@ -180,14 +180,55 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(batch))
     seen = {}
     for L in prog.manifest["schedule"]["decode"]:
-        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e\d_st\d_x(\d)(_a1)?", L["k"])
+        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e(\d)_st\d_x(\d)(_a1)?(_ms\d+)?", L["k"])
         if m:
-            rows = L["args"][6][1]
-            seen[rows] = int(m.group(2))
+            # N of a launch; gate_up with SwiGLU in its epilogue (e2) passes the features
+            rows = L["args"][6][1] * (2 if m.group(2) == "2" else 1)
+            seen[rows] = int(m.group(3))
             if seen[rows]:  # only launches of fewer row blocks than fit the GPU at once
                 assert L["grid"][0] < ops.GEMV_WAVE
     assert seen[5120] == (1 if staged else 0)          # down and out
     assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
+
+
+@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 1, 0), ("qwen3.8-27b", 2, 0),
+                                             ("qwen3.8-27b", 8, 0), ("qwen3.8-27b", 16, 0),
+                                             ("qwen3.8-27b", 32, 0), ("qwen3.8-27b", 1, 1),
+                                             ("tiny", 16, 0), ("tiny", 1, 0)])
+def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp):
+    """ops.swiglu_fuses: gate_up on gemv_q4 takes SwiGLU into its epilogue at 16-row tiles and at
+    one row. Where it does, the step has no swiglu launch before that layer's down GEMV, the
+    fused launch covers the gate's row tiles (grid.x = up offset / 16, MS the same), writes act
+    (ldy = N = F) and reads the norm's h; everywhere else (B = 2 ... 8, wgmma lanes, the verify
+    pass, prefill chunks of more rows) the separate swiglu kernel runs after gate_up."""
+    from qwen38gen import ops
+
+    cfg = PRESETS[model]
+    lanes = Lanes.make(batch, mtp=mtp)
+    prog = emit_program(cfg, lanes)
+    F = cfg.intermediate_size
+    up_tile = -(-F // 16)
+    for phase, sched in prog.manifest["schedule"].items():
+        if not isinstance(sched, list) or phase == "topk":
+            continue
+        fused = [L for L in sched if re.search(r"_e2_.*_ms\d+$", L["k"])]
+        swiglu = [L for L in sched if L["k"].startswith("q38_swiglu")]
+        downs = [L for L in sched if L["args"][0][1:2] and str(L["args"][0][1]).endswith(".down")]
+        assert len(fused) + len(swiglu) == len(downs) > 0, phase
+        for L in fused:
+            R = L["args"][7][1]
+            assert ops.swiglu_fuses(lanes.btg, R), (phase, R)
+            assert L["k"].endswith(f"_ms{up_tile}") and L["grid"][0] == up_tile
+            assert str(L["args"][0][1]).endswith(".gate_up")
+            assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
+        for i, L in enumerate(sched):
+            if str(L["args"][0][1]).endswith(".gate_up") and "_e2_" not in L["k"]:
+                assert sched[i + 1]["k"].startswith("q38_swiglu"), (phase, sched[i + 1]["k"])
+    decode = prog.manifest["schedule"]["decode"]
+    if batch in (1, 16) and not mtp:
+        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
+    if batch in (2, 8, 32):
+        assert not any("_e2_" in L["k"] for L in decode)
 
 
 # Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.

@@ -152,6 +152,82 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
     print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
 
 
+# SwiGLU in gate_up's epilogue (EPI_SWIGLU, ops.mlp): the block takes gate tile t and up tile
+# t + MS. Features F: the tiny model's, a 27B-like K, and F = 40 (the gate part padded to 48
+# rows, so the up part starts at tile 3, not at row F). Schedules (NT, ST, XS, AS) of MT = 2.
+SWIGLU_SHAPES = [(1024, 512), (96, 5120), (40, 1024)]
+SWIGLU_SCHEDULES = [(1, 2, 0, 0), (2, 2, 0, 0), (1, 3, 0, 1), (4, 2, 1, 0), (2, 3, 0, 0)]
+_SWIGLU: dict = {}
+
+
+def _swiglu_kernels(K: int, nt: int, ks: int, ms: int, st: int, xs: int, a: int):
+    """The fused launch, and the swiglu kernel's own arithmetic (elementwise.cuh swiglu8) over a
+    gu of [gate | padding | up] columns: the unfused path the fusion must equal bit for bit."""
+    key = (K, nt, ks, ms, st, xs, a)
+    if key not in _SWIGLU:
+        name = f"gemv_swiglu_{K}_{nt}_{ks}_{ms}_{st}_{xs}_{a}"
+        src = f"""
+#include "gemv_q4.cuh"
+#include "elementwise.cuh"
+extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R) {{
+  q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, 0, {ms}>(q, s, x, ldx, y, ldy, N,
+                                                                         R);
+}}
+extern "C" __global__ void {name}_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {{
+  const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+  if (8 * v < F)
+    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
+        q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
+}}
+"""
+        mod = build(src)
+        fn = mod.get_function(name)
+        smem = ops.gemv_smem(K, 2, st, a)
+        allow_dynamic_smem(fn, smem)
+        _SWIGLU[key] = (fn, smem, mod.get_function(name + "_ref"))
+    return _SWIGLU[key]
+
+
+@pytest.mark.parametrize("F,K", SWIGLU_SHAPES)
+def test_gemv_swiglu_epilogue_bitwise(cuda_ctx, F, K):
+    """gate_up with SwiGLU in the epilogue gives bitwise what gemv_q4 (EPI_STORE) followed by
+    the swiglu kernel's arithmetic gives, for every schedule and batch; and both are SwiGLU of
+    the numpy product within two bf16 roundings."""
+    rng = np.random.default_rng([F, K, 7])
+    gq, gs, gd = _weights(rng, F, K)
+    uq, us, ud = _weights(rng, F, K)
+    ms = gq.shape[0]                       # the up part's first row tile (the gate padded to 16)
+    qw_d, sc_d = to_gpu(np.concatenate([gq, uq])), to_gpu(np.concatenate([gs, us]))
+    ks = min(8, K // 128)
+    N2 = 2 * 16 * ms
+    for nt, st, xs, a in SWIGLU_SCHEDULES:
+        fused, smem, ref_fn = _swiglu_kernels(K, nt, ks, ms, st, xs, a)
+        plain = _kernel(K, 1, nt, ks, 0)
+        for R in (1, 5, 8 * nt + 3):
+            xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+            x = to_gpu(xh)
+            gu = poisoned((R, N2), BF16)
+            _run(plain, qw_d, sc_d, x, gu, N2, R, 1, nt, ks)
+            want = poisoned((R, F), BF16)
+            ref_fn(gu.gpudata, np.int32(N2), np.int32(16 * ms), want.gpudata, np.int32(F),
+                   block=(32, 1, 1), grid=(-(-F // 256), R))
+            got = poisoned((R, F), BF16)
+            fused(qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K), got.gpudata, np.int32(F),
+                  np.int32(F), np.int32(R), block=(32 * ks, 1, 1), grid=(ms, -(-R // (8 * nt))),
+                  shared=smem)
+            g_bits = got.get().view(np.uint16)
+            assert np.array_equal(g_bits, want.get().view(np.uint16)), \
+                f"F={F} K={K} schedule {nt, st, xs, a} R={R}: fused bits differ from the plain path"
+            xf = xh.astype(np.float64)
+            g, u = xf @ gd.T, xf @ ud.T
+            e = rel_err(got.get().astype(np.float64), g / (1 + np.exp(-g)) * u)
+            assert e < 3 * TOL, f"F={F} K={K} schedule {nt, st, xs, a} R={R}: rel err {e:.2e}"
+    print(f"gemv_q4 EPI_SWIGLU F={F} K={K}: schedules {SWIGLU_SCHEDULES} bitwise equal to the "
+          "plain GEMV + swiglu")
+
+
 # gemm_q4 (kernels/gemm_q4.cuh): the shared-activation schedule for larger batch tiles, with the
 # parts of K optionally split over ZS blocks. Configs (MT, NT, WR, ST, ZS): one and two m-tiles
 # per warp, 4 and 8 warps, 2-4 stages, ZS = 1 (in-block part sums), 2, 4, 8 (parts through
