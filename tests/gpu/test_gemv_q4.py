@@ -153,40 +153,49 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
 
 
 # SwiGLU in gate_up's epilogue (EPI_SWIGLU, ops.mlp): the block takes gate tile t and up tile
-# t + MS. Features F: the tiny model's, a 27B-like K, and F = 40 (the gate part padded to 48
-# rows, so the up part starts at tile 3, not at row F). Schedules (NT, ST, XS, AS) of MT = 2.
-SWIGLU_SHAPES = [(1024, 512), (96, 5120), (40, 1024)]
+# t + MS. Features F: the tiny model's, a 27B-like K, F = 40 (the gate part padded to 48 rows,
+# so the up part starts at tile 3, not at row F), and K = 128 (KS = 1: no part sum).
+SWIGLU_SHAPES = [(1024, 512), (96, 5120), (40, 1024), (48, 128)]
+# Schedules (NT, ST, XS, AS) of MT = 2; the program's are (2, 2, 0, 0) and (1, 3, 0, 1).
 SWIGLU_SCHEDULES = [(1, 2, 0, 0), (2, 2, 0, 0), (1, 3, 0, 1), (4, 2, 1, 0), (2, 3, 0, 0)]
 _SWIGLU: dict = {}
 
 
-def _swiglu_kernels(K: int, nt: int, ks: int, ms: int, st: int, xs: int, a: int):
-    """The fused launch, and the swiglu kernel's own arithmetic (elementwise.cuh swiglu8) over a
-    gu of [gate | padding | up] columns: the unfused path the fusion must equal bit for bit."""
-    key = (K, nt, ks, ms, st, xs, a)
+def _swiglu_kernels(K: int, ks: int, ms: int) -> dict:
+    """One module per shape: the fused launch of every SWIGLU_SCHEDULES entry, and the swiglu
+    kernel's own arithmetic (elementwise.cuh swiglu8) over a gu of [gate | padding | up]
+    columns: the unfused path the fusion must equal bit for bit."""
+    key = (K, ks, ms)
     if key not in _SWIGLU:
-        name = f"gemv_swiglu_{K}_{nt}_{ks}_{ms}_{st}_{xs}_{a}"
-        src = f"""
-#include "gemv_q4.cuh"
-#include "elementwise.cuh"
-extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
+        src = ['#include "gemv_q4.cuh"', '#include "elementwise.cuh"']
+        names = {}
+        threads = 32 * ks
+        for nt, st, xs, a in SWIGLU_SCHEDULES:
+            name = f"gemv_swiglu_{nt}_{st}_{xs}_{a}"
+            names[(nt, st, xs, a)] = (name, threads)
+            src.append(f"""
+extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R) {{
-  q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, 0, {ms}>(q, s, x, ldx, y, ldy, N,
-                                                                         R);
-}}
-extern "C" __global__ void {name}_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {{
+  q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, 0, {ms}>(q, s, x, ldx, y,
+                                                                         ldy, N, R);
+}}""")
+        src.append("""
+extern "C" __global__ void swiglu_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
   if (8 * v < F)
     *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
         q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
-}}
-"""
-        mod = build(src)
-        fn = mod.get_function(name)
-        smem = ops.gemv_smem(K, 2, st, a)
-        allow_dynamic_smem(fn, smem)
-        _SWIGLU[key] = (fn, smem, mod.get_function(name + "_ref"))
+}
+""")
+        mod = build("\n".join(src))
+        out = {"ref": mod.get_function("swiglu_ref")}
+        for sched, (name, threads) in names.items():
+            fn = mod.get_function(name)
+            smem = ops.gemv_smem(K, 2, sched[1], sched[3])
+            allow_dynamic_smem(fn, smem)
+            out[sched] = (fn, smem, threads)
+        _SWIGLU[key] = out
     return _SWIGLU[key]
 
 
@@ -202,8 +211,10 @@ def test_gemv_swiglu_epilogue_bitwise(cuda_ctx, F, K):
     qw_d, sc_d = to_gpu(np.concatenate([gq, uq])), to_gpu(np.concatenate([gs, us]))
     ks = min(8, K // 128)
     N2 = 2 * 16 * ms
+    mod = _swiglu_kernels(K, ks, ms)
+    ref_fn = mod["ref"]
     for nt, st, xs, a in SWIGLU_SCHEDULES:
-        fused, smem, ref_fn = _swiglu_kernels(K, nt, ks, ms, st, xs, a)
+        fused, smem, threads = mod[(nt, st, xs, a)]
         plain = _kernel(K, 1, nt, ks, 0)
         for R in (1, 5, 8 * nt + 3):
             xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
@@ -215,7 +226,7 @@ def test_gemv_swiglu_epilogue_bitwise(cuda_ctx, F, K):
                    block=(32, 1, 1), grid=(-(-F // 256), R))
             got = poisoned((R, F), BF16)
             fused(qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K), got.gpudata, np.int32(F),
-                  np.int32(F), np.int32(R), block=(32 * ks, 1, 1), grid=(ms, -(-R // (8 * nt))),
+                  np.int32(F), np.int32(R), block=(threads, 1, 1), grid=(ms, -(-R // (8 * nt))),
                   shared=smem)
             g_bits = got.get().view(np.uint16)
             assert np.array_equal(g_bits, want.get().view(np.uint16)), \
