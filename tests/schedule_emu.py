@@ -110,8 +110,14 @@ class Emu:
         else:
             x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
         y = self.view(a[4], (R_, ldy))
+        epi = re.search(r"_e(\d+)", L["k"]).group(1)
+        if epi == "2":   # SwiGLU epilogue: gate rows [0, N), up rows from tile _ms<t> on
+            up = 16 * int(re.search(r"_ms(\d+)$", L["k"]).group(1))
+            gu = np.concatenate([x @ W[:N].T, x @ W[up:up + N].T], axis=1)
+            y[:, :N] = R.swiglu(gu, N)
+            return
         out = x @ W[:N].T
-        if re.search(r"_e(\d+)", L["k"]).group(1) == "1":   # epilogue: add to y
+        if epi == "1":   # epilogue: add to y
             y[:, :N] += out
         else:
             y[:, :N] = out

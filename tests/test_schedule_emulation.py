@@ -26,12 +26,16 @@ def setup():
     return cfg, t, Reference(cfg, int4_weights(cfg, t), dtype=np.float64)
 
 
-@pytest.mark.parametrize("B,pt,btg", [(3, 4, None), (2, 16, None), (40, 4, 64)])
+@pytest.mark.parametrize("B,pt,btg", [(3, 4, None), (2, 16, None), (40, 4, 64), (1, 4, None),
+                                      (16, 4, None)])
 def test_schedule_matches_reference(setup, B, pt, btg):
     """(40, 4, 64): batch tiles of 64 rows with 40 real, where the down projection's wgmma_q4
-    reads the SwiGLU output in tile order (XT = 1)."""
+    reads the SwiGLU output in tile order (XT = 1). B = 1 and 16: gate_up with SwiGLU in its
+    epilogue (ops.swiglu_fuses) in the decode steps."""
     cfg, t, ref = setup
     man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt)).manifest
+    if B in (1, 16):
+        assert any("_e2_" in L["k"] for L in man["schedule"]["decode"])
     if btg == 64:
         assert any(L["k"].endswith("_t1") for L in man["schedule"]["decode"])
         assert any(L["k"].startswith("q38_swiglu") and L["k"].endswith("_t8")
