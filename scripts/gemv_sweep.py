@@ -81,8 +81,18 @@ def launch_smem(k, nt, cfg):
     return max(smem, 228 * 1024 // (blocks + 1))
 
 
+# GEMV_SWEEP=ring: the one-wave shapes (down, out) on the cp.async ring at 1 and 16 rows against
+# the program's schedules (version 11).
+RING = {
+    1: (1, [("b", 1, 2, 1, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1), ("b", 1, 6, 0, 1),
+            ("b", 1, 8, 0, 1)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1), ("b", 1, 6, 0, 1),
+             ("b", 1, 8, 0, 1)]),
+}
 if os.environ.get("GEMV_SWEEP") == "ablate":
     SWEEP = ABLATE
+elif os.environ.get("GEMV_SWEEP") == "ring":
+    SWEEP = RING
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
