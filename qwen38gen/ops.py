@@ -106,12 +106,13 @@ def swiglu_fuses(btg: int, R: int) -> bool:
     version 11; fused against separate, same run): 16 rows, gate_up's own schedule, 8.732 ->
     8.599 ms at B = 16; 1 row with the cp.async ring, 5.141 -> 5.004 ms at B = 1; but at 4 and 8
     rows every MT = 2 schedule tried was slower than MT = 1 by more than the kernel saved (B = 8
-    6.148 -> 6.349 ms), so B = 2 ... 8 keep the separate swiglu kernel."""
-    return btg >= 16 or R == 1
+    6.148 -> 6.349 ms), so B = 2 ... 8 keep the separate swiglu kernel, and so do tiles of 32
+    rows and more where gemv_q4 serves gate_up (sm_90 lanes without wgmma: not measured)."""
+    return btg == 16 or (btg == 8 and R == 1)
 
 
 def gemv_swiglu_config(k: int, btg: int) -> tuple[int, int, int]:
-    """(ST, XS, AS) of the fused gate_up + SwiGLU launch (MT = 2): at 16 rows and up gemv_config's
+    """(ST, XS, AS) of the fused gate_up + SwiGLU launch (MT = 2): at 16 rows gemv_config's
     gate_up schedule; at one row the cp.async ring (70 registers, 4 blocks per SM; in registers
     MT = 2 takes 80 and cost 4.6 us a launch)."""
     return (3, 0, 1) if btg <= 8 else (2, 0, 0)

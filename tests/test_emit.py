@@ -191,11 +191,12 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
 
 
-@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 1, 0), ("qwen3.8-27b", 2, 0),
-                                             ("qwen3.8-27b", 8, 0), ("qwen3.8-27b", 16, 0),
-                                             ("qwen3.8-27b", 32, 0), ("qwen3.8-27b", 1, 1),
-                                             ("tiny", 16, 0), ("tiny", 1, 0)])
-def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp):
+@pytest.mark.parametrize("model,batch,mtp,arch", [
+    ("qwen3.8-27b", 1, 0, "sm_90a"), ("qwen3.8-27b", 2, 0, "sm_90a"), ("qwen3.8-27b", 8, 0, "sm_90a"),
+    ("qwen3.8-27b", 16, 0, "sm_90a"), ("qwen3.8-27b", 32, 0, "sm_90a"), ("qwen3.8-27b", 1, 1, "sm_90a"),
+    ("tiny", 16, 0, "sm_90a"), ("tiny", 1, 0, "sm_90a"), ("qwen3.8-27b", 32, 0, "sm_90"),
+    ("qwen3.8-27b", 16, 0, "sm_90")])
+def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch):
     """ops.swiglu_fuses: gate_up on gemv_q4 takes SwiGLU into its epilogue at 16-row tiles and at
     one row. Where it does, the step has no swiglu launch before that layer's down GEMV, the
     fused launch covers the gate's row tiles (grid.x = up offset / 16, MS the same), writes act
@@ -204,7 +205,7 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp):
     from qwen38gen import ops
 
     cfg = PRESETS[model]
-    lanes = Lanes.make(batch, mtp=mtp)
+    lanes = Lanes.make(batch, mtp=mtp, arch=arch)
     prog = emit_program(cfg, lanes)
     F = cfg.intermediate_size
     up_tile = -(-F // 16)
