@@ -111,7 +111,7 @@ def swiglu_fuses(btg: int, R: int) -> bool:
     return btg == 16 or (btg == 8 and R == 1)
 
 
-def gemv_swiglu_config(k: int, btg: int) -> tuple[int, int, int]:
+def gemv_swiglu_config(btg: int) -> tuple[int, int, int]:
     """(ST, XS, AS) of the fused gate_up + SwiGLU launch (MT = 2): at 16 rows gemv_config's
     gate_up schedule; at one row the cp.async ring (70 registers, 4 blocks per SM; in registers
     MT = 2 takes 80 and cost 4.6 us a launch)."""
@@ -798,6 +798,13 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=True) if wgmma else None
         return btg // 8 if wl and wl[5] else 0
 
+    def tensor_launch(wname: str, R: int, xt: bool = False):
+        """(wgmma_q4 config, gemm_q4 config) of this weight over R rows, at most one of them set;
+        both None where gemv_q4 serves it."""
+        w = plan.weights[wname]
+        wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=xt) if wgmma else None
+        return wl, None if wl else gemm_launch(w["rows"], w["k"], btg, R)
+
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None,
              xt: bool = False) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows by btg.
@@ -810,8 +817,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
-        wl = wgmma_launch(n_out, k, btg, R, xt=xt) if wgmma else None
-        gl = None if wl else gemm_launch(n_out, k, btg, R)
+        wl, gl = tensor_launch(wname, R, xt)
         if wl:
             wg, mw, xs, zs, mb, xt_, pp = wl
             e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp), 4 * wg * mw,
@@ -833,38 +839,32 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
         return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
 
+    def norm_to_h(wnorm: str, R: int, tnt: int = 0) -> dict:
+        """h = RMS1p(x; wnorm), in tile order for 8·tnt-row tiles where tnt > 0."""
+        norm = plan.entry(rmsnorm_entry(H, tnt))
+        return {"k": norm.name, "grid": [R, 1, 1],
+                "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]}
+
     def normed_gemv(wnorm: str, wname: str, y: str, ldy: int, R: int) -> list[dict]:
         """h = RMS1p(x; wnorm) (in tile order where the GEMV reads it so), then y = W h."""
         tnt = tiled_input(wname, R)
-        norm = plan.entry(rmsnorm_entry(H, tnt))
-        return [{"k": norm.name, "grid": [R, 1, 1],
-                 "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]},
-                gemv(wname, "h", y, ldy, R, 0, xt=bool(tnt))]
-
-    def q4_serves(wname: str, R: int, xt: bool = False) -> bool:
-        """Whether gemv() runs this weight over R rows on gemv_q4 (not wgmma_q4 or gemm_q4)."""
-        w = plan.weights[wname]
-        if wgmma and wgmma_launch(w["rows"], w["k"], btg, R, xt=xt):
-            return False
-        return gemm_launch(w["rows"], w["k"], btg, R) is None
+        return [norm_to_h(wnorm, R, tnt), gemv(wname, "h", y, ldy, R, 0, xt=bool(tnt))]
 
     def mlp(wnorm: str, gu: str, down: str, R: int) -> list[dict]:
         """x += W_down SwiGLU(W_gate_up RMS1p(x)). Where gemv_q4 serves gate_up and the down
         GEMV reads its input in rows, SwiGLU is gate_up's epilogue (EPI_SWIGLU): one launch and
         the gu buffer's round trip fewer, the same bits."""
         w = plan.weights[gu]
-        if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and q4_serves(gu, R)
+        if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and tensor_launch(gu, R) == (None, None)
                 and not tiled_input(gu, R) and not tiled_input(down, R)):
             return normed_gemv(wnorm, gu, "gu", 2 * F, R) + swiglu_down(down, R)
         n_out, k = w["rows"], w["k"]
         (_, up_off, _) = w["parts"][1]
         assert up_off % 16 == 0 and n_out == 2 * up_off, w
-        norm = plan.entry(rmsnorm_entry(H))
         tile = gemv_tile(n_out, k, btg)
-        st, xs, a = gemv_swiglu_config(k, tile)
+        st, xs, a = gemv_swiglu_config(tile)
         e = plan.entry(gemv_entry(k, tile, EPI_SWIGLU, 2, st, xs, a, ms=up_off // 16))
-        return [{"k": norm.name, "grid": [R, 1, 1],
-                 "args": [buf("x"), ["t", wnorm], buf("h"), ["f32", eps]]},
+        return [norm_to_h(wnorm, R),
                 {"k": e.name, "grid": [up_off // 16, cdiv(R, tile), 1],
                  "args": [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
                           buf("act"), ["i32", F], ["i32", F], ["i32", R]]},
