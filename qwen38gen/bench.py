@@ -121,7 +121,7 @@ def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
         for L in rt.launches["decode"]:
             e0, e1 = drv.Event(), drv.Event()
             e0.record(rt.stream)
-            L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=rt.stream)
+            rt.launch_one(L, pdl=False)
             e1.record(rt.stream)
             evs.append((L, e0, e1))
         evs[-1][2].synchronize()

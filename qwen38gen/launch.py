@@ -1,7 +1,9 @@
 """Kernel launches with programmatic dependent launch (PDL), through libcuda's cuLaunchKernelEx.
 
-PyCUDA launches cannot carry launch attributes, so the step's kernels are also loaded here,
-straight from the cubin, and launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+PyCUDA launches cannot carry launch attributes, so with PDL on the step's kernels are loaded here
+instead, straight from the cubin, and launched with
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (or without it: `Prepared(..., pdl=False)`,
+for the per-kernel timing pass).
 Captured into a graph, consecutive kernels then get programmatic edges: a kernel's blocks may
 start while the previous kernel drains, run up to their `griddepcontrol.wait` (the GEMV streams
 its first weights there) and continue once the previous grid has completed and its writes are
@@ -50,15 +52,16 @@ def _c(v):
 
 
 class Prepared:
-    """One launch with its argument storage kept alive."""
+    """One launch with its argument storage kept alive; pdl=False: a plain launch (no attribute)."""
 
-    def __init__(self, fn, grid, block, smem, args):
+    def __init__(self, fn, grid, block, smem, args, pdl: bool = True):
         self.fn = fn
         self.vals = [_c(a) for a in args]
         self.params = (ctypes.c_void_p * max(len(self.vals), 1))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.vals])
         self.attr = _Attr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        self.cfg = _Config(*grid, *block, smem, None, ctypes.pointer(self.attr), 1)
+        self.cfg = _Config(*grid, *block, smem, None, ctypes.pointer(self.attr) if pdl else None,
+                           1 if pdl else 0)
 
 
 class PdlModule:
@@ -87,8 +90,8 @@ class PdlModule:
         if rc != 0:
             raise RuntimeError(f"{what} failed with CUresult {rc}")
 
-    def prepare(self, name: str, grid, block, smem: int, args) -> Prepared:
-        return Prepared(self.fns[name], tuple(grid), tuple(block), smem, args)
+    def prepare(self, name: str, grid, block, smem: int, args, pdl: bool = True) -> Prepared:
+        return Prepared(self.fns[name], tuple(grid), tuple(block), smem, args, pdl)
 
     def launch(self, p: Prepared, stream_handle: int):
         p.cfg.stream = ctypes.c_void_p(stream_handle)

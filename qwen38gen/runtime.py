@@ -96,7 +96,8 @@ class Launch:
     block: tuple
     smem: int
     args: list
-    pdl: object = None   # launch.Prepared when the step is launched with PDL
+    pdl: object = None   # launch.Prepared when the step is launched with PDL (fn is None then)
+    plain: object = None  # the same without the PDL attribute
 
 
 def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,15 +202,17 @@ class Runtime:
         self.ctx = drv.Device(0).make_context()
         try:
             self.stream = drv.Stream()
-            self.mod = drv.module_from_file(str(cubin))
-            self.fns = {}
-            for name, k in manifest["kernels"].items():
-                fn = self.mod.get_function(name)
-                allow_dynamic_smem(fn, k["smem"])
-                self.fns[name] = fn
-            # The same functions once more through libcuda, for launches with PDL (launch.py).
-            self.pdl = (launch.PdlModule(Path(cubin).read_bytes(), manifest["kernels"])
-                        if launch.enabled() else None)
+            # The cubin is loaded once: through libcuda where launches carry the PDL attribute
+            # (launch.py), else through PyCUDA.
+            self.pdl, self.fns = None, {}
+            if launch.enabled():
+                self.pdl = launch.PdlModule(Path(cubin).read_bytes(), manifest["kernels"])
+            else:
+                self.mod = drv.module_from_file(str(cubin))
+                for name, k in manifest["kernels"].items():
+                    fn = self.mod.get_function(name)
+                    allow_dynamic_smem(fn, k["smem"])
+                    self.fns[name] = fn
             if isinstance(tensors, DeviceFill):
                 self._fill = _fill_module()
                 self._alloc_filled(tensors.seed)
@@ -309,10 +312,11 @@ class Runtime:
         out = []
         for s in sched:
             k = self.manifest["kernels"][s["k"]]
-            L = Launch(self.fns[s["k"]], tuple(s["grid"]), tuple(k["block"]), k["smem"],
+            L = Launch(self.fns.get(s["k"]), tuple(s["grid"]), tuple(k["block"]), k["smem"],
                        [self._arg(a) for a in s["args"]])
             if self.pdl is not None:
                 L.pdl = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args)
+                L.plain = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args, pdl=False)
             out.append(L)
         return out
 
@@ -323,10 +327,14 @@ class Runtime:
     def launch_list(self, launches: list[Launch]):
         """Enqueue launches on the stream (with PDL when it is on)."""
         for L in launches:
-            if L.pdl is not None:
-                self.pdl.launch(L.pdl, self.stream.handle)
-            else:
-                L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
+            self.launch_one(L)
+
+    def launch_one(self, L: Launch, pdl: bool = True):
+        """Enqueue one launch; pdl=False: without the PDL attribute even when it is on."""
+        if L.pdl is not None:
+            self.pdl.launch(L.pdl if pdl else L.plain, self.stream.handle)
+        else:
+            L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
 
     def run_phase(self, phase: str, graph: bool = True):
         """One decode step, prefill chunk or top-k pass, as a graph replay (captured once)."""
