@@ -19,10 +19,18 @@
 //   KS warps of a block own the same MT m-tiles and split the K/128 groups between them; their
 //   partial sums meet in shared memory and are added in a fixed order (deterministic, and the
 //   same at every R: a row's result does not depend on the batch it is computed in).
+//   ZS > 1: the KS warps of a row block are spread over a cluster of ZS blocks of KS/ZS warps
+//   (grid.x = row blocks * ZS, __cluster_dims__(ZS, 1, 1)); block z's warp w takes part
+//   z*KS/ZS + w, and the parts are added in the same order through distributed shared memory,
+//   so the bits do not change. For weights whose row blocks fill the GPU in about one wave (the
+//   out and down projections: 320 blocks on 132 SMs, two or three per SM) smaller blocks even
+//   out the SMs' shares (bench/NOTES.md, version 12).
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemv_q4.cuh -o /dev/null
 #pragma once
+#include <cooperative_groups.h>
+
 #include "common.cuh"
 
 namespace q38 {
@@ -32,13 +40,15 @@ namespace q38 {
 // EPI_STORE output (elementwise.cuh), so fusing it changes no bit.
 enum GemvEpilogue { EPI_STORE = 0, EPI_ADD = 1, EPI_SWIGLU = 2 };
 
-template <int MT, int NT, int KS, int ST = 2, int AS = 0>
+template <int MT, int NT, int KS, int ST = 2, int AS = 0, int ZS = 1>
 struct GemvLaunch {
-  static constexpr int threads = 32 * KS;
-  static constexpr int rows_per_block = 16 * MT;   // output features per block (grid.x)
+  static_assert(ZS >= 1 && KS % ZS == 0 && ZS <= 8, "gemv: ZS divides KS, at most 8 (a cluster)");
+  static constexpr int warps = KS / ZS;            // warps per block
+  static constexpr int threads = 32 * warps;
+  static constexpr int rows_per_block = 16 * MT;   // output features per block (grid.x / ZS)
   static constexpr int btg = 8 * NT;               // activation rows per block (grid.y)
-  static constexpr int smem_bytes = (KS > 1 ? KS : 0) * MT * NT * 4 * 32 * 4;  // static
-  static constexpr int dyn_smem_bytes = AS ? KS * ST * MT * 66 * 16 : 0;       // the cp.async ring
+  static constexpr int smem_bytes = (KS > 1 ? warps : 0) * MT * NT * 4 * 32 * 4;  // static
+  static constexpr int dyn_smem_bytes = AS ? warps * ST * MT * 66 * 16 : 0;       // the cp.async ring
 };
 
 // Two int4 codes at bits [4j, 4j+4) and [16+4j, 20+4j) of w -> bf16x2 {code-8, code-8}.
@@ -335,7 +345,7 @@ __device__ __forceinline__ void gemv_store_swiglu(bf16* y, int ldy, int n, int r
 // row's result is bitwise the same for every choice of them (KS does change the sum order).
 // MS: 0, or the tile distance of the two m-tiles of EPI_SWIGLU (the up part's first tile).
 template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int AB = 0,
-          int MS = 0>
+          int MS = 0, int ZS = 1>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert((EPI == EPI_SWIGLU) == (MS > 0) && (EPI != EPI_SWIGLU || MT == 2),
@@ -344,23 +354,56 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
   constexpr int NG = Wp::NG, V = Wp::V;
   // EPI_SWIGLU: value v < VS of a lane is a gate sum, v + VS the up sum of the same (f, r)
   constexpr int VS = EPI == EPI_SWIGLU ? V / 2 : V;
+  static_assert(ZS == 1 || KS > 1, "gemv: ZS > 1 splits the KS parts");
+  constexpr int KW = KS / ZS;  // warps per block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int rt0 = blockIdx.x * (MS ? 1 : MT);  // first row tile of this block
+  const int z = ZS > 1 ? blockIdx.x % ZS : 0;  // this block's rank in its cluster
+  const int rt0 = (blockIdx.x / ZS) * (MS ? 1 : MT);  // first row tile of this block
   const int r0 = blockIdx.y * (8 * NT);
   Wp wp(qweight, scales, x, ldx, r0, R);
   if constexpr (AS) {
-    static_assert(GemvLaunch<MT, NT, KS, ST, AS>::dyn_smem_bytes == KS * Wp::ring_uint4 * 16, "ring");
+    static_assert(GemvLaunch<MT, NT, KS, ST, AS, ZS>::dyn_smem_bytes == KW * Wp::ring_uint4 * 16, "ring");
     extern __shared__ uint4 gemv_ring[];  // dynamic: GemvLaunch::dyn_smem_bytes
     wp.ring = gemv_ring + warp * Wp::ring_uint4;
   }
-  // This warp's share of the groups: [gb, ge). The first ST-1 groups of weights are requested
-  // before waiting on the kernel that writes x, so under programmatic dependent launch they
-  // stream while that kernel finishes.
+  // This warp's share of the groups: [gb, ge) of part p. The first ST-1 groups of weights are
+  // requested before waiting on the kernel that writes x, so under programmatic dependent launch
+  // they stream while that kernel finishes.
+  const int p = z * KW + warp;
   pdl_launch_dependents();
-  wp.run(rt0, (warp * NG) / KS, ((warp + 1) * NG) / KS, true);
+  wp.run(rt0, (p * NG) / KS, ((p + 1) * NG) / KS, true);
 
-  // Reduce the KS partial sums in a fixed order, then store.
-  if constexpr (KS > 1) {
+  if constexpr (ZS > 1) {
+    // The cluster's KS partial sums in part order (part q: block q / KW, warp q % KW) through
+    // distributed shared memory; block z finalises value slots v = p, p + KS, ...
+    namespace coop = cooperative_groups;
+    coop::cluster_group cl = coop::this_cluster();
+    __shared__ float red[KW][V][32];
+#pragma unroll
+    for (int v = 0; v < V; ++v) red[warp][v][lane] = wp.value(v);
+    cl.sync();
+    const float* rk[ZS];
+#pragma unroll
+    for (int q = 0; q < ZS; ++q) rk[q] = cl.map_shared_rank(&red[0][0][0], q);
+#pragma unroll 1
+    for (int v = p; v < VS; v += KS) {
+      float s = 0.f, u = 0.f;
+#pragma unroll
+      for (int q = 0; q < KS; ++q) s += rk[q / KW][((q % KW) * V + v) * 32 + lane];
+      if constexpr (EPI == EPI_SWIGLU) {
+#pragma unroll
+        for (int q = 0; q < KS; ++q) u += rk[q / KW][((q % KW) * V + v + VS) * 32 + lane];
+      }
+      int n, r;
+      gemv_out_index(v, NT, lane, rt0, r0, n, r);
+      if constexpr (EPI == EPI_SWIGLU)
+        gemv_store_swiglu(y, ldy, n, r, N, R, s, u);
+      else
+        gemv_store<EPI>(y, ldy, n, r, N, R, s);
+    }
+    cl.sync();  // no block exits while another still reads its partial sums
+  } else if constexpr (KS > 1) {
+    // Reduce the KS partial sums in a fixed order, then store.
     __shared__ float red[KS][V][32];
 #pragma unroll
     for (int v = 0; v < V; ++v) red[warp][v][lane] = wp.value(v);

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from .config import ModelConfig
+from .errors import UserError
 from .lanes import Lanes
 
 # ------------------------------------------------------------------------------------ entries
@@ -70,6 +71,34 @@ GEMM_SMS = 132           # an H200's SMs: the grid the ZS split aims to fill
 GEMV_WAVE = 4 * GEMM_SMS
 
 
+# gemv_q4's ZS (kernels/gemv_q4.cuh): a row block's KS parts spread over a cluster of ZS blocks.
+# QWEN38_GEMV_ZS=1 turns the rule below off and any other value forces that ZS on every weight it
+# may serve at btg <= 16 (A/B runs; bench/NOTES.md, version 12).
+GEMV_ZS = os.environ.get("QWEN38_GEMV_ZS")
+
+
+def gemv_split(rows: int, k: int, mt: int, btg: int, R: int) -> int:
+    """ZS of gemv_q4 for a weight of `rows` x `k` at mt m-tiles per warp over R rows in btg-row
+    tiles: the blocks of a cluster that share a row block's KS parts (1: one block holds them).
+    Where 16-row tiles of a one-wave weight (the out and down projections: 320 row blocks of
+    77 registers, two or three per SM) run in a single tile, pairs of 4-warp blocks even out the
+    SMs' shares: down 24.9 -> 22.5 us, out 10.5 -> 10.0 us under PDL, the B = 16 step 8.58 ->
+    8.37 ms. At one row (80 against 72 registers), on the multi-wave weights and at 32-row
+    tiles (the out projection of B = 32 and 64, bound by its warps' own chain: 20.0 us at ZS 1
+    and 8) it did not win (bench/2026-12-03-h200-v12-gemv-sweep-zs*.txt)."""
+    ks = min(GEMV_KS, k // 128)
+    tiles = rows // 16
+    if GEMV_ZS:
+        if GEMV_ZS not in ("1", "2", "4", "8"):
+            raise UserError(f"QWEN38_GEMV_ZS={GEMV_ZS!r}: use 1 (no cluster split), or 2, 4 or 8 "
+                            "(that split on every one-wave weight at btg <= 16), or leave it unset")
+        zs = int(GEMV_ZS)
+        return zs if btg <= 16 and mt == 1 and tiles < GEMV_WAVE and ks % zs == 0 else 1
+    if btg == 16 and R <= btg and mt == 1 and tiles < GEMV_WAVE and ks % 2 == 0:
+        return 2
+    return 1
+
+
 def gemv_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int]:
     """(MT, ST, XS, AS) for a weight of `rows` x `k` at batch tile btg: m-tiles per warp, pipeline
     stages, activations staged in registers, stages in shared memory via cp.async. None of them
@@ -118,27 +147,30 @@ def gemv_swiglu_config(btg: int) -> tuple[int, int, int]:
     return (3, 0, 1) if btg <= 8 else (2, 0, 0)
 
 
-def gemv_smem(k: int, mt: int, st: int, a: int) -> int:
+def gemv_smem(k: int, mt: int, st: int, a: int, zs: int = 1) -> int:
     """Dynamic shared memory of a gemv_q4 instance (GemvLaunch::dyn_smem_bytes)."""
-    return a * min(GEMV_KS, k // 128) * st * mt * 66 * 16
+    return a * min(GEMV_KS, k // 128) // zs * st * mt * 66 * 16
 
 
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
-               a: int = 0, ms: int = 0) -> Entry:
+               a: int = 0, ms: int = 0, zs: int = 1) -> Entry:
     """ms > 0 (with epi = EPI_SWIGLU, mt = 2): the block's m-tiles are gate tile t and up tile
-    t + ms of a fused gate_up weight."""
+    t + ms of a fused gate_up weight. zs > 1: a cluster of zs blocks of ks/zs warps per row
+    block (grid.x = row blocks · zs)."""
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    smem = gemv_smem(k, mt, st, a)
+    smem = gemv_smem(k, mt, st, a, zs)
+    tmpl = (f"{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}"
+            + (f", 0, {ms}, {zs}" if zs > 1 else f", 0, {ms}" if ms else ""))
     return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
-                 + (f"_ms{ms}" if ms else ""),
-                 call=f"q38::gemv_q4<{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}"
-                 + (f", 0, {ms}>" if ms else ">"),
-                 params=GEMV_PARAMS, threads=32 * ks, smem=smem, waits=True,
+                 + (f"_ms{ms}" if ms else "") + (f"_z{zs}" if zs > 1 else ""),
+                 call=f"q38::gemv_q4<{tmpl}>",
+                 params=GEMV_PARAMS, threads=32 * ks // zs, smem=smem, waits=True, cluster=zs,
                  # minBlocks 1 lets ptxas use up to 255 registers: with the default it capped
                  # the 4-warp NT=4 instance at 128 and spilled.
                  min_blocks=1,
-                 asserts=(f"q38::GemvLaunch<{mt}, {nt}, {ks}, {st}, {a}>::dyn_smem_bytes == {smem}",))
+                 asserts=(f"q38::GemvLaunch<{mt}, {nt}, {ks}, {st}, {a}"
+                          + (f", {zs}" if zs > 1 else "") + f">::dyn_smem_bytes == {smem}",))
 
 
 # gemm_q4 (kernels/gemm_q4.cuh): gemv_q4's arithmetic with the activations shared by the warps
@@ -836,8 +868,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
         tile = gemv_tile(n_out, k, btg)
         mt, st, xs, a = gemv_config(n_out, k, tile)
-        e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a))
-        return {"k": e.name, "grid": [n_out // (16 * mt), cdiv(R, tile), 1], "args": args}
+        zs = gemv_split(n_out, k, mt, tile, R)
+        e = plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a, zs=zs))
+        return {"k": e.name, "grid": [n_out // (16 * mt) * zs, cdiv(R, tile), 1], "args": args}
 
     def norm_to_h(wnorm: str, R: int, tnt: int = 0) -> dict:
         """h = RMS1p(x; wnorm), in tile order for 8·tnt-row tiles where tnt > 0."""

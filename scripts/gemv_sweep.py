@@ -89,10 +89,30 @@ RING = {
     2: (16, [("b", 1, 2, 0, 0), ("b", 1, 3, 0, 1), ("b", 1, 4, 0, 1), ("b", 1, 6, 0, 1),
              ("b", 1, 8, 0, 1)]),
 }
+# GEMV_SWEEP=zs: gemv_q4's KS parts of a row block spread over a cluster of ZS blocks (version 12),
+# against the program's schedules, at 1 and 16 rows.
+ZSWEEP = {
+    1: (1, [("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0, 0, 2), ("b", 1, 2, 1, 0, 0, 4),
+            ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 3, 1, 0, 0, 2)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4),
+             ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 1, 3, 0, 0, 0, 2)]),
+}
+# GEMV_SWEEP=zs32 / zs64: the same at 32-row tiles (the out projection of B = 32 and 64 runs on
+# gemv_q4 with MT = 2: 160 row blocks of 179 registers, one per SM), over 32 or 64 rows.
+_ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
+         ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
+if os.environ.get("GEMV_SWEEP") == "zs32":
+    SWEEP = {4: (32, _ZS32)}
+elif os.environ.get("GEMV_SWEEP") == "zs64":
+    SWEEP = {4: (64, _ZS32)}
 if os.environ.get("GEMV_SWEEP") == "ablate":
     SWEEP = ABLATE
 elif os.environ.get("GEMV_SWEEP") == "ring":
     SWEEP = RING
+elif os.environ.get("GEMV_SWEEP") == "zs":
+    SWEEP = ZSWEEP
+elif os.environ.get("GEMV_SWEEP", "").startswith("zs"):
+    pass  # zs32 / zs64 above
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
@@ -110,8 +130,10 @@ def wcfg(cfg):
 
 
 def bcfg(cfg):
-    """("b", MT, ST, XS, AS[, AB]) with AB (ablation bits) default 0."""
-    return tuple(cfg) + (0,) * (6 - len(cfg))
+    """("b", MT, ST, XS, AS[, AB[, ZS]]) with AB (ablation bits) default 0 and ZS (blocks of a
+    cluster sharing a row block's KS parts) default 1."""
+    cfg = tuple(cfg) + (0,) * (6 - len(cfg))
+    return cfg if len(cfg) == 7 else cfg + (1,)
 
 
 def name(k, nt, cfg):
@@ -122,8 +144,9 @@ def name(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a, ab = bcfg(cfg)
-    return f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_ab{ab}" if ab else "")
+    _, mt, st, xs, a, ab, zs = bcfg(cfg)
+    return (f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_ab{ab}" if ab else "")
+            + (f"_z{zs}" if zs > 1 else ""))
 
 
 def smem_of(k, nt, cfg):
@@ -134,8 +157,8 @@ def smem_of(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a, _ = bcfg(cfg)
-    return gemv_smem(k, mt, st, a)
+    _, mt, st, _, a, _, zs = bcfg(cfg)
+    return gemv_smem(k, mt, st, a) // zs
 
 
 def shape_of(N, R, nt, k, cfg):
@@ -148,8 +171,8 @@ def shape_of(N, R, nt, k, cfg):
         _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
         return (gx, gy, zs), (32 * wr, 1, 1), gemm_part_floats(k, mt, nt, wr) * gx * gy
-    mt = cfg[1]
-    return (N // (16 * mt), -(-R // (8 * nt)), 1), (32 * ks_of(k), 1, 1), 1
+    mt, zs = cfg[1], bcfg(cfg)[6]
+    return (N // (16 * mt) * zs, -(-R // (8 * nt)), 1), (32 * ks_of(k) // zs, 1, 1), 1
 
 
 def instances():
@@ -178,11 +201,14 @@ def source() -> str:
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a, ab = bcfg(cfg)
-            threads, mb, call = 32 * ks, 1, f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}>"
+            _, mt, st, xs, a, ab, zs = bcfg(cfg)
+            threads, mb = 32 * ks // zs, 1
+            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}" + (
+                f", 0, {zs}>" if zs > 1 else ">")
         tail = ", part, arr" if cfg[0] in "wg" else ""
+        cl = f" __cluster_dims__({bcfg(cfg)[6]}, 1, 1)" if cfg[0] == "b" and bcfg(cfg)[6] > 1 else ""
         out.append(
-            f'extern "C" __global__ void __launch_bounds__({threads}, {mb}) {name(k, nt, cfg)}('
+            f'extern "C" __global__ void __launch_bounds__({threads}, {mb}){cl} {name(k, nt, cfg)}('
             "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
             f"int ldy, int N, int R, float* part, int* arr) {{ q38::{call}(qw, sc, x, ldx, y, "
             f"ldy, N, R{tail}); }}")

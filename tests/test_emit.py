@@ -180,7 +180,8 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(batch))
     seen = {}
     for L in prog.manifest["schedule"]["decode"]:
-        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e(\d)_st\d_x(\d)(_a1)?(_ms\d+)?", L["k"])
+        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e(\d)_st\d_x(\d)(_a1)?(_ms\d+)?(_z\d)?",
+                         L["k"])
         if m:
             # N of a launch; gate_up with SwiGLU in its epilogue (e2) passes the features
             rows = L["args"][6][1] * (2 if m.group(2) == "2" else 1)
@@ -189,6 +190,66 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
                 assert L["grid"][0] < ops.GEMV_WAVE
     assert seen[5120] == (1 if staged else 0)          # down and out
     assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
+
+
+@pytest.mark.parametrize("model,batch,mtp", [
+    ("qwen3.8-27b", 1, 0), ("qwen3.8-27b", 8, 0), ("qwen3.8-27b", 16, 0), ("qwen3.8-27b", 12, 0),
+    ("qwen3.8-27b", 32, 0), ("qwen3.8-27b", 16, 1), ("tiny", 16, 0), ("tiny", 3, 0)])
+def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
+    """ops.gemv_split: where a one-wave weight (fewer row tiles than GEMV_WAVE, MT = 1) runs on
+    gemv_q4 in a single 16-row tile, its row blocks are clusters of two blocks of KS/2 warps
+    (grid.x = 2 · row blocks, the entry's cluster 2, half the threads); every other gemv_q4
+    launch (one row, 8-row tiles, several tiles, the wide weights, prefill chunks) keeps ZS = 1.
+    Each ZS entry is a cluster of its ZS in the manifest and renders __cluster_dims__."""
+    from qwen38gen import ops
+
+    cfg = PRESETS[model]
+    prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
+    split = 0
+    for phase, sched in prog.manifest["schedule"].items():
+        if not isinstance(sched, list):
+            continue
+        for L in sched:
+            m = re.fullmatch(r"q38_gemv_k(\d+)_m(\d)_n(\d)_s(\d)_e\d_st\d_x\d(_a1)?(_ms\d+)?(_z(\d))?",
+                             L["k"])
+            if not m:
+                continue
+            k, mt, nt, ks = (int(v) for v in m.groups()[:4])
+            zs = int(m.group(8) or 1)
+            N, R = L["args"][6][1], L["args"][7][1]
+            ent = prog.manifest["kernels"][L["k"]]
+            rows = -(-N // 16) if not m.group(6) else None
+            want = 2 if (nt == 2 and R <= 16 and mt == 1 and rows is not None
+                         and rows < ops.GEMV_WAVE and ks % 2 == 0) else 1
+            assert zs == want, (phase, L["k"], R)
+            assert ent["cluster"] == zs and ent["block"][0] == 32 * ks // zs
+            if zs > 1:
+                assert L["grid"][0] == zs * rows and L["grid"][1] == 1
+                assert f"__cluster_dims__({zs}, 1, 1)\n{L['k']}(" in prog.source
+                split += 1
+    expect_split = batch > 8 and batch <= 16
+    assert (split > 0) == expect_split, (model, batch, mtp, split)
+
+
+def test_gemv_split_knob(monkeypatch):
+    """QWEN38_GEMV_ZS (A/B runs): 1 removes every cluster split, 2 forces it at one row too, and
+    a value the kernel cannot take is a UserError naming the knob and the values it takes."""
+    from qwen38gen import ops
+    from qwen38gen.errors import UserError
+
+    cfg = PRESETS["qwen3.8-27b"]
+
+    def split_kernels(batch):
+        prog = emit_program(cfg, Lanes.make(batch))
+        return {L["k"] for L in prog.manifest["schedule"]["decode"] if L["k"].endswith("_z2")}
+
+    monkeypatch.setattr(ops, "GEMV_ZS", "1")
+    assert not split_kernels(16)
+    monkeypatch.setattr(ops, "GEMV_ZS", "2")
+    assert len(split_kernels(1)) == 2          # down and out
+    monkeypatch.setattr(ops, "GEMV_ZS", "3")
+    with pytest.raises(UserError, match="QWEN38_GEMV_ZS='3'.*1.*2, 4 or 8"):
+        split_kernels(16)
 
 
 @pytest.mark.parametrize("model,batch,mtp,arch", [

@@ -239,6 +239,82 @@ def test_gemv_swiglu_epilogue_bitwise(cuda_ctx, F, K):
           "plain GEMV + swiglu")
 
 
+# ZS > 1 (ops.gemv_split): a row block's KS parts spread over a cluster of ZS blocks, summed in
+# part order through distributed shared memory. Shapes: the 27B down projection, a 27B-like K
+# with N not a multiple of 16, K = 512 (KS = 4) and K = 768 (KS = 6, the tiny model's down).
+SPLIT_SHAPES = [(5120, 17408), (96, 5120), (3072 + 512 + 512, 512), (40, 768)]
+# (MT, NT, ST, XS, AS, ZS); the program's is (1, 2, 2, 0, 0, 2).
+SPLIT_SCHEDULES = [(1, 2, 2, 0, 0, 2), (1, 2, 2, 0, 0, 4), (1, 1, 2, 1, 0, 2), (2, 2, 2, 0, 0, 2),
+                   (1, 1, 3, 0, 1, 2), (1, 2, 2, 0, 0, 8), (2, 4, 2, 0, 0, 4), (2, 4, 2, 0, 0, 8)]
+_SPLIT: dict = {}
+
+
+def _split_kernels(K: int, ks: int) -> dict:
+    """One module per K: every SPLIT_SCHEDULES entry its ZS divides, both epilogues, and the
+    same schedules at ZS = 1 (the reference bits)."""
+    if K not in _SPLIT:
+        src, names = ['#include "gemv_q4.cuh"'], {}
+        for mt, nt, st, xs, a, zs in SPLIT_SCHEDULES:
+            for z in ({zs, 1} if ks % zs == 0 else ()):
+                for epi in (0, 1):
+                    if (mt, nt, st, xs, a, z, epi) in names:
+                        continue
+                    name = f"gemv_split_{mt}_{nt}_{st}_{xs}_{a}_{z}_{epi}"
+                    names[(mt, nt, st, xs, a, z, epi)] = name
+                    src.append(f"""
+extern "C" __global__ void __launch_bounds__({32 * ks // z}, 1) __cluster_dims__({z}, 1, 1)
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R) {{
+  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, 0, 0, {z}>(q, s, x, ldx, y, ldy, N, R);
+}}""")
+        mod = build("\n".join(src))
+        out = {}
+        for key, name in names.items():
+            fn = mod.get_function(name)
+            smem = ops.gemv_smem(K, key[0], key[2], key[4], key[5])
+            allow_dynamic_smem(fn, smem)
+            out[key] = (fn, smem)
+        _SPLIT[K] = out
+    return _SPLIT[K]
+
+
+@pytest.mark.parametrize("N,K", SPLIT_SHAPES)
+def test_gemv_cluster_split_bitwise(cuda_ctx, N, K):
+    """ZS blocks of a cluster sharing a row block's KS parts give bitwise the rows of ZS = 1 (both
+    epilogues, batches within and past one tile), and the numpy product within a bf16 rounding."""
+    rng = np.random.default_rng([N, K, 11])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    mods = _split_kernels(K, ks)
+    ran = 0
+    for mt, nt, st, xs, a, zs in SPLIT_SCHEDULES:
+        if ks % zs or qweight.shape[0] % mt:
+            continue
+        for epi in (0, 1):
+            (ref_fn, ref_smem) = mods[(mt, nt, st, xs, a, 1, epi)]
+            (fn, smem) = mods[(mt, nt, st, xs, a, zs, epi)]
+            for R in (1, 5, 8 * nt, 8 * nt + 3):
+                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                x = to_gpu(xh)
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                rows, gy = qweight.shape[0] // mt, -(-R // (8 * nt))
+                for f, sm, z, out in ((ref_fn, ref_smem, 1, want), (fn, smem, zs, got)):
+                    f(qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K), out.gpudata,
+                      np.int32(N), np.int32(N), np.int32(R), block=(32 * ks // z, 1, 1),
+                      grid=(rows * z, gy), shared=sm)
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} schedule {mt, nt, st, xs, a} ZS={zs} epi={epi} R={R}: bits differ"
+                if not epi:
+                    e = rel_err(got.get().astype(np.float64), xh.astype(np.float64) @ wdq.T)
+                    assert e < TOL, f"N={N} K={K} ZS={zs} R={R}: rel err {e:.2e}"
+                ran += 1
+    assert ran > 0
+    print(f"gemv_q4 ZS N={N} K={K}: {ran} launches bitwise equal to ZS = 1")
+
+
 # gemm_q4 (kernels/gemm_q4.cuh): the shared-activation schedule for larger batch tiles, with the
 # parts of K optionally split over ZS blocks. Configs (MT, NT, WR, ST, ZS): one and two m-tiles
 # per warp, 4 and 8 warps, 2-4 stages, ZS = 1 (in-block part sums), 2, 4, 8 (parts through
