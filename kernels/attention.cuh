@@ -241,6 +241,16 @@ __device__ __forceinline__ void kv_cp_async16(void* smem, const void* gmem, bool
 __device__ __forceinline__ void kv_cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
+// The next block step of a block's walk over its splits (pz: the split, pj: the step in it):
+// past the split's last step (s_lim) the walk goes on at the block's next split, gridDim.x on.
+__device__ __forceinline__ void kv_walk_next(int& pz, int& pj, int s_beg, int step, int s_lim) {
+  if (s_beg + step >= s_lim) {
+    pz += gridDim.x;
+    pj = 0;
+  } else {
+    ++pj;
+  }
+}
 template <int N>
 __device__ __forceinline__ void kv_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
@@ -416,12 +426,7 @@ __device__ __forceinline__ void attn(const bf16* __restrict__ qbuf, const bf16* 
                           (h & (D / 8 - 1)) * 8;
         kv_cp_async16(dst + c, src, ok);
       }
-      if (s_beg + STEP >= s_lim) {
-        pz += gridDim.x;
-        pj = 0;
-      } else {
-        ++pj;
-      }
+      kv_walk_next(pz, pj, s_beg, STEP, s_lim);
     }
     kv_cp_async_commit();
   };

@@ -160,12 +160,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
                        : "memory");
         }
       }
-      if (s_beg + STEP >= s_lim) {
-        pz += gridDim.x;
-        pj = 0;
-      } else {
-        ++pj;
-      }
+      kv_walk_next(pz, pj, s_beg, STEP, s_lim);
     }
     kv_cp_async_commit();
   };
