@@ -66,13 +66,20 @@
 // kernel's end from the conv (the conv and gates' chain of loads was the block's critical path:
 // ncu, bench/NOTES.md version 6).
 //
+// SR > 0: the last SR of a thread's DK/8 state rows live in its own float4 slots of shared
+// memory (cp.async'd after the conv's copies, in their own commit group, so the conv does not
+// wait for them), the rest in registers: 12 of 16 take a thread to 79 registers and fit three
+// blocks of 256 threads per SM (min_blocks 768 / threads) in 76 KB of shared memory each. The
+// arithmetic and its order are unchanged, so are the bits (tests/gpu/test_gdn_kernels.py).
+//
 // Launch (GdnLaunch below holds the same numbers as constexpr):
 //   grid  = B · HV · NS blocks (1-D), cluster = NS blocks along x (compile-time
 //           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
 //   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
 //           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
 //   dynamic smem = smem_bytes = 16·(RS + 2K − 1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 33·DV/NS)
-//           bytes, groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
+//           bytes, groups = (2·DK + DV/NS)/8 (SR > 0: rounded up to 16 bytes, plus
+//           16·SR·threads); above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
 //           (DK = DV = 128, K = 4, NS = 1: 24576 + 2584·PT bytes; PT = 1: 27 KB, 16: 66 KB)
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
@@ -92,7 +99,7 @@ namespace q38 {
 
 // DK, DV: key / value head dims; HK, HV: key / value heads; K: conv width;
 // PT: rows per sequence (1 = decode); NS: column slices per v-head (parallelism at small B).
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1>
+template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int SR = 0>
 struct GdnLaunch {
   static_assert(HV % HK == 0, "gdn: HV must be a multiple of HK");
   static_assert(K >= 2, "gdn: conv width K must be at least 2");
@@ -109,7 +116,10 @@ struct GdnLaunch {
   static constexpr int warps = threads / 32;
   // Blocks per SM for the entry's __launch_bounds__(threads, min_blocks): caps a thread at 128
   // registers (what it needs; without the cap ptxas takes ~130 and fits one block fewer per SM).
-  static constexpr int min_blocks = threads >= 512 ? 1 : 512 / threads;
+  // SR > 0: the last SR of a thread's DK/8 state rows live in shared memory instead, which takes
+  // the registers to <= 80 and fits three blocks of 256 threads per SM.
+  static_assert(SR >= 0 && SR < DK / 8, "gdn: 0 <= SR < DK/8 state rows in shared memory");
+  static constexpr int min_blocks = threads >= 512 ? 1 : (SR ? 768 : 512) / threads;
   static constexpr int cluster = NS;                    // the NS slices of one v-head
   static_assert(cluster <= 8, "gdn: NS must be <= 8 (portable cluster size)");
   static constexpr int readers = ratio * NS;            // blocks that read one key head's q/k ring
@@ -135,7 +145,8 @@ struct GdnLaunch {
   static constexpr int off_ik = off_iq + PT;            // [PT] 1/‖k‖
   static constexpr int off_rstd = off_ik + PT;          // [PT] 1/√(mean(o²)+eps)
   static constexpr int off_ssq = off_rstd + PT;         // [PT] this block's Σo² (read by the cluster)
-  static constexpr int smem_floats = off_ssq + PT;
+  static constexpr int off_st = SR ? (off_ssq + PT + 3) / 4 * 4 : off_ssq + PT;  // float4 [SR][threads]
+  static constexpr int smem_floats = off_st + 4 * SR * threads;
   static constexpr int smem_bytes = 4 * smem_floats;
   static constexpr int blocks_per_seq = HV * NS;
 };
@@ -192,7 +203,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 //                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
 template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
-          int SLOTS = 1>
+          int SLOTS = 1, int SR = 0>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
@@ -205,7 +216,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
                                           const int* __restrict__ slot = nullptr) {
   static_assert(EACH == 0 || EACH == 1, "gdn: EACH is 0 or 1");
   static_assert(SLOTS >= 1 && (EACH == 0 || SLOTS >= PT), "gdn: EACH = 1 needs a slot per row");
-  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
+  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS, SR>;
+  constexpr int RR = L::rows - SR;  // state rows of a thread in registers; the other SR in smem
   constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
   constexpr int CGR = L::cgroups, RGR = L::rgroups, RW = L::rows;
   constexpr int C = L::C, CV = L::Cv, KC = L::KC;
@@ -254,9 +266,18 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // EACH = 1: slot t of this sequence receives the state after token t, at Sp + (t − slot)·HV·DK·DV
   // (same thread, same elements as the ones it read, so overwriting the slot it read is safe).
   const int sl = sb - b * SLOTS;
-  float4 S[RW];
+  // Rows i >= RR (SR > 0) go by cp.async into this thread's own float4 slots of shared memory,
+  // Ss[(i - RR)·NT + tid], requested after the conv's copies below (their own commit group).
+  float4 S[RR];
+  float4* const Ss = reinterpret_cast<float4*>(sm + L::off_st);
 #pragma unroll
-  for (int i = 0; i < RW; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
+  for (int i = 0; i < RR; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
+  // This thread's state row i, wherever it lives (i is a compile-time constant in unrolled loops).
+  auto st_get = [&](int i) -> float4 { return i < RR ? S[i < RR ? i : 0] : Ss[(i - RR) * NT + tid]; };
+  auto st_put = [&](int i, float4 v) {
+    if (i < RR) S[i < RR ? i : 0] = v;
+    else Ss[(i - RR) * NT + tid] = v;
+  };
   // pos and ntok were last written at the end of the previous step: read under the same rule.
   const int nt = min(max(ntok[b], 0), PT);
   const int p0 = pos[b];
@@ -283,13 +304,18 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   for (int i = tid; i < COLS / 4; i += NT) cp_async16(snw + 4 * i, norm_w + c0 + 4 * i);
   cp_async_commit();
+  if constexpr (SR > 0) {
+#pragma unroll
+    for (int i = RR; i < RW; ++i) cp_async16(Ss + (i - RR) * NT + tid, Sp + (size_t)i * RGR * DV);
+    cp_async_commit();
+  }
   // Gates: thread NT-1-t computes token t's (threads without conv work at PT = 1).
   const bool gate = NT - 1 - tid < nt;
   const float alog = gate ? A_log[h] : 0.f, dtb = gate ? to_f(dt_bias[h]) : 0.f;
   // Wait for the producers of mz and ba (no-op unless launched with programmatic stream
   // serialization), then for the copies above.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  cp_async_wait<0>();
+  cp_async_wait<SR ? 1 : 0>();  // the conv's copies (the state's, SR > 0, may still be in flight)
   __syncthreads();
 
   // 1. conv + SiLU of κ's q and k channels and this block's v channels, one task per (8-channel
@@ -346,9 +372,12 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   __syncthreads();
 
-  // 2. The delta rule over the chunk, token by token, S in registers. Column sums over the 8 row
-  // groups go through shared memory: token t's u partials and token t−1's o partials share one
-  // barrier (buffers alternate by token parity, so one __syncthreads per token).
+  // 2. The delta rule over the chunk, token by token, S in registers (and, SR > 0, in this
+  // thread's own shared-memory slots: its cp.asyncs are complete for it after the wait). Column
+  // sums over the 8 row groups go through shared memory: token t's u partials and token t−1's o
+  // partials share one barrier (buffers alternate by token parity, so one __syncthreads per
+  // token).
+  if constexpr (SR > 0) cp_async_wait<0>();
   auto finish_o = [&](int tt) {  // o of token tt for this thread's 4 columns (row group 0 only)
     const float* ro = sred + (tt & 1) * 2 * RGR * COLS + RGR * COLS + 4 * cg;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -372,10 +401,11 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
       const float kk = kt[RGR * i];
-      up.x = fmaf(S[i].x, kk, up.x);
-      up.y = fmaf(S[i].y, kk, up.y);
-      up.z = fmaf(S[i].z, kk, up.z);
-      up.w = fmaf(S[i].w, kk, up.w);
+      const float4 si = st_get(i);
+      up.x = fmaf(si.x, kk, up.x);
+      up.y = fmaf(si.y, kk, up.y);
+      up.z = fmaf(si.z, kk, up.z);
+      up.w = fmaf(si.w, kk, up.w);
     }
     if (act) *reinterpret_cast<float4*>(red + rg * COLS + 4 * cg) = up;
     __syncthreads();
@@ -398,27 +428,29 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
       const float kk = kt[RGR * i], qq = qt[RGR * i];
-      S[i].x = fmaf(dec, S[i].x, kk * d.x);
-      S[i].y = fmaf(dec, S[i].y, kk * d.y);
-      S[i].z = fmaf(dec, S[i].z, kk * d.z);
-      S[i].w = fmaf(dec, S[i].w, kk * d.w);
-      op.x = fmaf(S[i].x, qq, op.x);
-      op.y = fmaf(S[i].y, qq, op.y);
-      op.z = fmaf(S[i].z, qq, op.z);
-      op.w = fmaf(S[i].w, qq, op.w);
+      float4 si = st_get(i);
+      si.x = fmaf(dec, si.x, kk * d.x);
+      si.y = fmaf(dec, si.y, kk * d.y);
+      si.z = fmaf(dec, si.z, kk * d.z);
+      si.w = fmaf(dec, si.w, kk * d.w);
+      st_put(i, si);
+      op.x = fmaf(si.x, qq, op.x);
+      op.y = fmaf(si.y, qq, op.y);
+      op.z = fmaf(si.z, qq, op.z);
+      op.w = fmaf(si.w, qq, op.w);
     }
     if (act) *reinterpret_cast<float4*>(red + RGR * COLS + rg * COLS + 4 * cg) = op;
     if constexpr (EACH == 1) {
       if (act) {
         float* const St = Sp + (ptrdiff_t)(t - sl) * (HV * DK * DV);
 #pragma unroll
-        for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(St + (size_t)i * RGR * DV), S[i]);
+        for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(St + (size_t)i * RGR * DV), st_get(i));
       }
     }
   }
   if (EACH == 0 && act) {
 #pragma unroll
-    for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), S[i]);
+    for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), st_get(i));
   }
   if (tid == 0) s_last = arrived == L::readers - 1;
   __syncthreads();
@@ -503,6 +535,22 @@ Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns4, 128, 128, 16, 48, 4, 1, 4)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt16_ns2, 128, 128, 16, 48, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt64_ns2, 128, 128, 16, 48, 4, 64, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)
+// SR: 12 of the 16 state rows of a thread in shared memory (three blocks per SM)
+#define Q38_GDN_SELFCHECK_SR(name, PT, SR)                                                        \
+  extern "C" __global__ void __launch_bounds__(                                                  \
+      q38::GdnLaunch<128, 128, 16, 48, 4, PT, 1, 3, SR>::threads,                                 \
+      q38::GdnLaunch<128, 128, 16, 48, 4, PT, 1, 3, SR>::min_blocks)                              \
+      name(const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off,           \
+           const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias,               \
+           const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals, float* state,    \
+           const int* pos, const int* ntok, q38::bf16* out) {                                   \
+    q38::gdn_chunk<128, 128, 16, 48, 4, PT, 1, 3, 0, 1, SR>(mz, ld_mz, ba, ld_ba, ba_off, conv_w, \
+                                                           A_log, dt_bias, norm_w, eps, ring,    \
+                                                           ring_arrivals, state, pos, ntok, out); \
+  }
+Q38_GDN_SELFCHECK_SR(gdn_27b_pt1_sr12, 1, 12)
+Q38_GDN_SELFCHECK_SR(gdn_27b_pt1_sr8, 1, 8)
+Q38_GDN_SELFCHECK_SR(gdn_27b_pt16_sr12, 16, 12)
 // mtp lane instances (RS = 3 + drafts, slot per verified token)
 #define Q38_GDN_SELFCHECK_MTP(name, DK, DV, HK, HV, K, PT, NS, RS, EACH, SLOTS)                   \
   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>::threads, \

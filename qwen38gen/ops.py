@@ -482,9 +482,32 @@ def spec_put_entry() -> Entry:
 GDN_NS = 1
 
 
-def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
+# kernels/gdn.cuh SR: state rows of a thread kept in shared memory. QWEN38_GDN_SR (A/B runs)
+# overrides the rule below with that many rows in every decode step's GDN (0: none).
+GDN_SR = os.environ.get("QWEN38_GDN_SR")
+GDN_SR_ROWS = 12      # 4 of 16 rows in registers: 79 registers, three blocks of 256 per SM
+GDN_SR_MIN_BATCH = 32
+
+
+def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> int:
+    """SR of the GDN instance: state rows per thread kept in shared memory (0: all in
+    registers). The decode step of the plain program at B >= 32 keeps 12 of its 16 there, three
+    items per SM instead of two: the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17 at
+    B = 64; at B = 16 it lost 8 % (the step, not the GDN alone: 1.71 -> 1.77 ms) and at B = 1 3 %
+    (bench/2026-12-03-h200-v12-bench-sr*.json)."""
+    if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
+        return 0
+    if GDN_SR is not None and GDN_SR != "":
+        if not GDN_SR.isdigit() or int(GDN_SR) >= cfg.linear_key_head_dim // 8:
+            raise UserError(f"QWEN38_GDN_SR={GDN_SR!r}: use 0 … {cfg.linear_key_head_dim // 8 - 1} "
+                            "state rows in shared memory, or leave it unset")
+        return int(GDN_SR)
+    return GDN_SR_ROWS if batch >= GDN_SR_MIN_BATCH else 0
+
+
+def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> dict:
     """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree).
-    rs: conv ring slots (None: K − 1, the non-mtp ring)."""
+    rs: conv ring slots (None: K − 1, the non-mtp ring); batch: the lane's B (the SR rule)."""
     dk, dv, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                      cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim)
     rs = k - 1 if rs is None else rs
@@ -493,19 +516,23 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
     groups = 2 * dk // 8 + cols // 8
     floats = (4 * rs * groups + 4 * groups * (2 * k - 1) + pt * (2 * dk + 3 * cols) + cols
               + 4 * 8 * cols + 6 * pt)
-    return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
-            "min_blocks": 1 if threads >= 512 else 512 // threads, "blocks_per_seq": hv * GDN_NS}
+    sr = gdn_state_rows_in_smem(cfg, pt, None if rs == k - 1 else rs, batch)
+    if sr:
+        floats = cdiv(floats, 4) * 4 + 4 * sr * threads
+    return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS, "sr": sr,
+            "min_blocks": 1 if threads >= 512 else (768 if sr else 512) // threads,
+            "blocks_per_seq": hv * GDN_NS}
 
 
 def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
-              slots: int = 1) -> Entry:
+              slots: int = 1, batch: int = 0) -> Entry:
     """rs=None: the plain program's instance (ring K − 1, one state, no slot argument). Else the
     mtp lane's: ring rs slots, `slots` states per sequence picked by a `slot` argument, and
     each=1 writing the state after every token into its own slot (the verify pass)."""
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
-    L = gdn_launch(cfg, pt, rs)
+    L = gdn_launch(cfg, pt, rs, batch)
     targs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}, {GDN_NS}"
     params = ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
               (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"),
@@ -513,6 +540,9 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
               ("int*", "ring_arrivals"), ("float*", "state"), (I32, "pos"), (I32, "ntok"),
               ("q38::bf16*", "out"))
     name, call, ltargs = f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>", targs
+    if L["sr"]:
+        ltargs = f"{targs}, {k - 1}, {L['sr']}"
+        name, call = f"q38_gdn_pt{pt}_sr{L['sr']}", f"q38::gdn_chunk<{targs}, {k - 1}, 0, 1, {L['sr']}>"
     if rs is not None:
         ltargs = f"{targs}, {rs}"
         name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
@@ -945,8 +975,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                     g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS))
                     L = gdn_launch(cfg, pt, RS)
                 else:
-                    g = plan.entry(gdn_entry(cfg, pt))
-                    L = gdn_launch(cfg, pt)
+                    g = plan.entry(gdn_entry(cfg, pt, batch=B))
+                    L = gdn_launch(cfg, pt, batch=B)
                 s.append({"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                           "args": [buf("proj"), ["i32", n_in], buf("proj", C + Cv), ["i32", n_in],
                                    ["i32", ba_off], ["t", la_ + "conv1d.weight"],

@@ -231,6 +231,48 @@ def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
     assert (split > 0) == expect_split, (model, batch, mtp, split)
 
 
+@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 16, 0), ("qwen3.8-27b", 32, 0),
+                                               ("qwen3.8-27b", 64, 0), ("tiny", 64, 0),
+                                               ("tiny", 3, 0), ("qwen3.8-27b", 64, 1)])
+def test_gdn_state_rows_in_shared_memory_at_32_and_up(model, batch, mtp):
+    """ops.gdn_state_rows_in_smem: the plain program's decode-step GDN keeps 12 of a thread's 16
+    state rows in shared memory from B = 32 on (the entry _sr12, three blocks per SM: its
+    min_blocks and shared memory in the manifest); prefill chunks, smaller batches and the mtp
+    lane's GDN instances keep them all in registers."""
+    from qwen38gen import ops
+
+    cfg = PRESETS[model]
+    prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
+    gdn = {L["k"] for ph, sched in prog.manifest["schedule"].items() if isinstance(sched, list)
+           for L in sched if L["k"].startswith("q38_gdn_")}
+    want = batch >= 32 and not mtp
+    assert ("q38_gdn_pt1_sr12" in gdn) == want, gdn
+    assert all(k == "q38_gdn_pt1_sr12" or "_sr" not in k for k in gdn), gdn
+    if want:
+        k = prog.manifest["kernels"]["q38_gdn_pt1_sr12"]
+        base = ops.gdn_launch(cfg, 1)
+        assert k["smem"] == 4 * (-(-base["smem"] // 16) * 4 + 4 * 12 * base["threads"])
+        assert "__launch_bounds__(256, 3)" in prog.source
+
+
+def test_gdn_sr_knob(monkeypatch):
+    """QWEN38_GDN_SR overrides the rule (0: none, n: n rows at every B); a count the kernel
+    cannot take is a UserError naming the knob and the range."""
+    from qwen38gen import ops
+    from qwen38gen.errors import UserError
+
+    cfg = PRESETS["qwen3.8-27b"]
+    monkeypatch.setattr(ops, "GDN_SR", "0")
+    assert ops.gdn_launch(cfg, 1, batch=64)["sr"] == 0
+    monkeypatch.setattr(ops, "GDN_SR", "12")
+    assert ops.gdn_launch(cfg, 1, batch=1)["sr"] == 12
+    assert ops.gdn_launch(cfg, 16, batch=1)["sr"] == 0
+    for bad in ("16", "x", "-1"):
+        monkeypatch.setattr(ops, "GDN_SR", bad)
+        with pytest.raises(UserError, match="QWEN38_GDN_SR.*0 … 15"):
+            ops.gdn_launch(cfg, 1, batch=64)
+
+
 def test_gemv_split_knob(monkeypatch):
     """QWEN38_GEMV_ZS (A/B runs): 1 removes every cluster split, 2 forces it at one row too, and
     a value the kernel cannot take is a UserError naming the knob and the values it takes."""

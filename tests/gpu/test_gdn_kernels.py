@@ -89,7 +89,8 @@ ARGS = ("mz, ld_mz, ba, ld_ba, ba_off, conv_w, A_log, dt_bias, norm_w, eps, ring
 # (geometry, PT, NS) instantiated in the test module
 VARIANTS = [("tiny", 1, 2), ("tiny", 1, 1), ("tiny", 1, 4), ("27b", 1, 2), ("27b", 1, 1),
             ("27b", 1, 4), ("toy", 1, 1), ("tiny", 4, 2), ("tiny", 16, 2), ("tiny", 64, 2),
-            ("27b", 4, 2), ("27b", 16, 2), ("27b", 16, 1), ("27b", 16, 4), ("toy", 4, 1)]
+            ("27b", 4, 2), ("27b", 16, 2), ("27b", 16, 1), ("27b", 16, 4), ("toy", 4, 1),
+            ("27b", 4, 1)]
 
 
 def entry_name(geom: str, pt: int, ns: int) -> str:
@@ -172,11 +173,12 @@ def make_inputs(g: Geom, B: int, pt: int, seed: int, ntok=None, pos=None):
         pos=np.asarray(pos, dtype=np.int64), ntok=np.asarray(ntok, dtype=np.int64))
 
 
-def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict):
-    """One launch; returns out, ring, state (host fp64)."""
+def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, kern=None):
+    """One launch (of `kern` = (function, launch shape) when given); returns out, ring, state
+    (host fp64)."""
     g = GEOMS[geom]
     B = len(inp["pos"])
-    fn, L = kernel(mod, geom, pt, ns)
+    fn, L = kern or kernel(mod, geom, pt, ns)
     d_mz = to_gpu(inp["mz"].astype(BF16))
     d_ba = to_gpu(inp["ba"].astype(BF16))
     d_w = to_gpu(inp["conv_w"].astype(BF16))
@@ -269,3 +271,52 @@ def test_gdn_prefill_then_decode(mod):
         got = run_gpu(mod, geom, 1, 2, nxt)
         check(f"chain: decode step {step + 1} pos={pos.tolist()}", geom, 1, nxt, got)
         pos = pos + 1
+
+
+# SR (ops.gdn_state_rows_in_smem): the last SR of a thread's DK/8 state rows live in shared memory
+# (three blocks per SM instead of two). Same arithmetic, so the same bits as SR = 0 (the NS = 1
+# instances of VARIANTS), and the reference's tolerances.
+SR_VARIANTS = [("27b", 1, 12), ("tiny", 1, 12), ("27b", 4, 12)]
+
+
+def sr_entry_name(geom: str, pt: int, sr: int) -> str:
+    return f"q38_gdn_{geom}_pt{pt}_sr{sr}"
+
+
+@pytest.fixture(scope="module")
+def mod_sr(cuda_ctx):
+    src = ['#include "gdn.cuh"']
+    for geom, pt, sr in SR_VARIANTS:
+        g = GEOMS[geom]
+        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
+        L = f"q38::GdnLaunch<{t}, {sr}>"
+        n = sr_entry_name(geom, pt, sr)
+        src.append(f"__constant__ int {n}_launch[3] = {{{L}::threads, {L}::smem_bytes, "
+                   f"{L}::min_blocks}};\n"
+                   f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
+                   f"{n}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}>({ARGS}); }}\n")
+    return build("\n".join(src))
+
+
+@pytest.mark.parametrize("geom,B,pt,sr", [(g, B, pt, sr) for g, pt, sr in SR_VARIANTS
+                                          for B in (1, 3, 17)])
+def test_gdn_state_rows_in_shared_memory(mod, mod_sr, geom, B, pt, sr):
+    import pycuda.driver as drv
+
+    g = GEOMS[geom]
+    n = sr_entry_name(geom, pt, sr)
+    ptr, _ = mod_sr.get_global(f"{n}_launch")
+    c = np.zeros(3, dtype=np.int32)
+    drv.memcpy_dtoh(c, ptr)
+    base = launch_py(g, pt, 1)
+    smem = 4 * (-(-base["smem"] // 16) * 4 + 4 * sr * base["threads"])
+    assert list(map(int, c)) == [base["threads"], smem, 768 // base["threads"]]
+    fn = mod_sr.get_function(n)
+    allow_dynamic_smem(fn, smem)
+    inp = make_inputs(g, B, pt, seed_of("sr", geom, B, pt, sr))
+    plain = run_gpu(mod, geom, pt, 1, inp)
+    got = run_gpu(mod_sr, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)))
+    for name, a, b in zip(("out", "ring", "state"), got, plain):
+        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
+            f"SR={sr} {geom} B={B} PT={pt}: {name} differs from SR = 0"
+    check(f"SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
