@@ -542,7 +542,8 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
     name, call, ltargs = f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>", targs
     if L["sr"]:
         ltargs = f"{targs}, {k - 1}, {L['sr']}"
-        name, call = f"q38_gdn_pt{pt}_sr{L['sr']}", f"q38::gdn_chunk<{targs}, {k - 1}, 0, 1, {L['sr']}>"
+        name = f"q38_gdn_pt{pt}_sr{L['sr']}"
+        call = f"q38::gdn_chunk<{targs}, {k - 1}, 0, 1, {L['sr']}>"
     if rs is not None:
         ltargs = f"{targs}, {rs}"
         name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
