@@ -77,6 +77,7 @@
 //           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
 //   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
 //           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
+//           (SR > 0: 768 / threads)
 //   dynamic smem = smem_bytes = 16·(RS + 2K − 1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 33·DV/NS)
 //           bytes, groups = (2·DK + DV/NS)/8 (SR > 0: rounded up to 16 bytes, plus
 //           16·SR·threads); above 48 KiB the caller sets
@@ -535,7 +536,8 @@ Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns4, 128, 128, 16, 48, 4, 1, 4)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt16_ns2, 128, 128, 16, 48, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt64_ns2, 128, 128, 16, 48, 4, 64, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)
-// SR: 12 of the 16 state rows of a thread in shared memory (three blocks per SM)
+// SR: 12 of the 16 state rows of a thread in shared memory (three blocks per SM: 79 registers);
+// SR = 8 needs 96 in registers and spills under the 80-register cap, which is why 12
 #define Q38_GDN_SELFCHECK_SR(name, PT, SR)                                                        \
   extern "C" __global__ void __launch_bounds__(                                                  \
       q38::GdnLaunch<128, 128, 16, 48, 4, PT, 1, 3, SR>::threads,                                 \
