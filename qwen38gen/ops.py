@@ -497,7 +497,7 @@ def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, bat
     (bench/2026-12-03-h200-v12-bench-sr*.json)."""
     if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
         return 0
-    if GDN_SR is not None and GDN_SR != "":
+    if GDN_SR:
         if not GDN_SR.isdigit() or int(GDN_SR) >= cfg.linear_key_head_dim // 8:
             raise UserError(f"QWEN38_GDN_SR={GDN_SR!r}: use 0 … {cfg.linear_key_head_dim // 8 - 1} "
                             "state rows in shared memory, or leave it unset")
@@ -510,13 +510,13 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0)
     rs: conv ring slots (None: K − 1, the non-mtp ring); batch: the lane's B (the SR rule)."""
     dk, dv, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                      cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim)
+    sr = gdn_state_rows_in_smem(cfg, pt, rs, batch)
     rs = k - 1 if rs is None else rs
     cols = dv // GDN_NS
     threads = cdiv((cols // 4) * 8, 32) * 32
     groups = 2 * dk // 8 + cols // 8
     floats = (4 * rs * groups + 4 * groups * (2 * k - 1) + pt * (2 * dk + 3 * cols) + cols
               + 4 * 8 * cols + 6 * pt)
-    sr = gdn_state_rows_in_smem(cfg, pt, None if rs == k - 1 else rs, batch)
     if sr:
         floats = cdiv(floats, 4) * 4 + 4 * sr * threads
     return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS, "sr": sr,
