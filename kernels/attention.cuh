@@ -297,6 +297,34 @@ struct XOwner {
   }
 };
 
+// Where a block's attention output goes in o: a pointer to its first column (row order), or
+// an OutTiles, the same walk in wgmma_q4's activation tile order (common.cuh act_at), which
+// the out projection reads with XT = 1. Both take "+ columns", and out_ptr gives the address;
+// columns 2i, 2i + 1 are neighbours in both orders (bf16x2 stores).
+template <int NT>
+struct OutTiles {
+  bf16* o;
+  int K, r, c;  // o's columns (H·D), the row, the column
+  __device__ __forceinline__ OutTiles operator+(int n) const { return {o, K, r, c + n}; }
+};
+__device__ __forceinline__ bf16* out_ptr(bf16* p) { return p; }
+template <int NT>
+__device__ __forceinline__ bf16* out_ptr(const OutTiles<NT>& t) { return act_at<NT>(t.o, t.K, t.r, t.c); }
+template <class T>
+struct IsOutTiles {
+  static constexpr bool value = false;
+};
+template <int NT>
+struct IsOutTiles<OutTiles<NT>> {
+  static constexpr bool value = true;
+};
+// A block's heads from column c0 of row r: orow (row order, at that column) or an OutTiles.
+template <int NT>
+__device__ __forceinline__ auto out_heads(bf16* orow, bf16* o, int K, int r, int c0) {
+  if constexpr (NT > 0) return OutTiles<NT>{o, K, r, c0};
+  else return orow;
+}
+
 // Several splits (attn, attn_tc): this block's `mine` partials of row (r, kv head m) are out in
 // prow (part_floats PF each: o[G][D] unnormalised, then m[G], l[G]); count them in
 // arrivals[pair], pair = r·HKV + m. The block that brings the count to ns merges all ns partials
@@ -305,10 +333,10 @@ struct XOwner {
 //   M = max_z m_z, L = Σ_z l_z 2^(m_z − M), o = Σ_z o_z · (2^(m_z − M) / L), z = 0, 1, … in order;
 // the partials are read through L2 (__ldcg: other SMs wrote them in this launch). (Pointers are
 // formed where they are used: passing ready-made ones made attn spill 4 bytes at HG 3.)
-template <int D, int G, int NT, int MAXS>
+template <int D, int G, int NT, int MAXS, class Out>
 __device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int ns, int mine,
                                                   int* arrivals, int pair, const bf16* gate,
-                                                  int m, bf16* orow) {
+                                                  int m, Out orow) {
   __shared__ float sm_w[2][MAXS][G];  // m, l, then the weights of the splits
   __shared__ int s_last;
   __threadfence();
@@ -349,7 +377,9 @@ __device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int
       a[3] = fmaf(w, v.w, a[3]);
     }
     const bf16* gp = gate + 2 * D * (m * G + g) + d;
-    bf162* dst = reinterpret_cast<bf162*>(orow + g * D + d);
+    bf162* dst;  // (row order: the address formed as before OutTiles, which keeps attn's SASS)
+    if constexpr (IsOutTiles<Out>::value) dst = reinterpret_cast<bf162*>(out_ptr(orow + g * D + d));
+    else dst = reinterpret_cast<bf162*>(orow + g * D + d);
     dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
     dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
   }

@@ -26,7 +26,9 @@
 // Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps, a power of two ≥ 2),
 // ST (ring stages, ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW),
 // MB (min blocks per SM for __launch_bounds__, 0: not given), QC (1: each 8-slot score tile is
-// one chain of 16 mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP).
+// one chain of 16 mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP),
+// TNT (0: o in rows; > 0: o in wgmma_q4's activation tile order for 8·TNT-row tiles, which the
+// out projection reads with XT = 1; the same values, only where they go changes).
 // Launch: grid (gx, B·HKV, PT) as attn, block AttnTcLaunch::threads, dynamic smem
 // AttnTcLaunch::dyn_smem_bytes (the caller raises the function's limit above 48 KiB), static
 // smem a few hundred bytes. The program's schedule (ops.ATTN_TC_*): NW 4, ST 2, SP 256, QC 1,
@@ -86,7 +88,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
-          int QC = 1>
+          int QC = 1, int TNT = 0>
 __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
                                         int ld, const bf16* __restrict__ kc,
                                         const bf16* __restrict__ vc, int tmax,
@@ -112,12 +114,20 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   const int g = lane >> 2, c = lane & 3;
   const int b = blockIdx.y / HKV, m = blockIdx.y - b * HKV, t = blockIdx.z;
   const int r = b * PT + t;
-  bf16* orow = o + (size_t)r * (H * D) + m * G * D;  // this block's G heads, contiguous
+  // This block's G heads: contiguous in row order, or in tile order (TNT > 0: OutTiles).
+  bf16* const orow_rows = o + (size_t)r * (H * D) + m * G * D;
+  const auto orow = out_heads<TNT>(orow_rows, o, H * D, r, m * G * D);
   const int nt = ntok[b], p = pos[b] + t;
   if (t >= nt) {  // padding row: zeros from block x = 0
-    if (blockIdx.x == 0)
-      for (int i = threadIdx.x; i < G * D / 8; i += NT)
-        reinterpret_cast<uint4*>(orow)[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (blockIdx.x == 0) {
+      if constexpr (TNT > 0) {
+        for (int i = threadIdx.x; i < G * D / 2; i += NT)
+          *reinterpret_cast<uint32_t*>(out_ptr(orow + 2 * i)) = 0u;
+      } else {
+        for (int i = threadIdx.x; i < G * D / 8; i += NT)
+          reinterpret_cast<uint4*>(orow)[i] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
     return;
   }
   const int n = min(p + 1, tmax);  // causal: slots 0 .. p
@@ -313,7 +323,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
 #pragma unroll
       for (int w = 0; w < NW; ++w) s += sm_o[(w * G + hh) * L::o_stride + d];
       if (ns == 1)
-        orow[hh * D + d] = to_bf(s * sigmoidf_(to_f(gate[2 * D * (m * G + hh) + d])));
+        *out_ptr(orow + (hh * D + d)) = to_bf(s * sigmoidf_(to_f(gate[2 * D * (m * G + hh) + d])));
       else
         pzp[hh * D + d] = s;
     }

@@ -127,6 +127,22 @@ __device__ __forceinline__ void xtile_store(bf16* base, int K, int r, int gi, in
   *reinterpret_cast<uint4*>(t + NT * 256 + 128) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
 }
 
+// Element c of row r of an [R, K] activation matrix: row-major at stride K (NT = 0), or in the
+// tile order above (column c = 128·gi + 64·h + 16·j + 8·ih + 2·t + e: k-step 4h + 2ih + t/2,
+// half t%2, word j, bf16 e of the word). Columns 2i and 2i + 1 are neighbours in both orders,
+// so a bf16x2 store at an even c is right in either. For the producers of a GEMV's input that
+// write element by element (the GDN's and attention's outputs feeding the out projection).
+template <int NT>
+__device__ __forceinline__ bf16* act_at(bf16* base, int K, int r, int c) {
+  if constexpr (NT == 0) {
+    return base + (size_t)r * K + c;
+  } else {
+    const int e = c & 63;
+    return reinterpret_cast<bf16*>(xtile_row<NT>(base, K, r, c >> 7, 4 * ((c >> 6) & 1) + (e >> 2 & 3),
+                                                 e >> 1 & 1) + 4 * (e >> 4)) + (e & 1);
+  }
+}
+
 // Eight bf16 (one 16-byte vector, element 0 in the low half of .x) -> fp32, exactly.
 __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};

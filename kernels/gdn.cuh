@@ -28,7 +28,9 @@
 //                             0 again, so one buffer serves every GDN layer launched on a stream
 // Out:
 //   out     bf16 [R, Cv]      RMSg(o_h; norm_w, z_h) per v-head, ready for out_proj; padding rows
-//                             are written as 0 (so out_proj of them is 0)
+//                             are written as 0 (so out_proj of them is 0). TNT > 0: in
+//                             wgmma_q4's activation tile order for 8·TNT-row tiles instead
+//                             (common.cuh, act_at), which the out projection reads with XT = 1
 // with C = 2·HK·DK + HV·DV, Cv = HV·DV. ld_mz and ld_ba are in elements; ld_mz % 8 == 0 and all
 // base pointers 16-byte aligned (16-byte vector loads of m, z and the ring).
 //
@@ -204,7 +206,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 //                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
 template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
-          int SLOTS = 1, int SR = 0>
+          int SLOTS = 1, int SR = 0, int TNT = 0>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
@@ -508,7 +510,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     const int col = h * DV + c0 + c;
     float y = 0.f;
     if (t < nt) y = round_bf(so[t * COLS + c] * srstd[t]) * snw[c] * siluf_(sz[t * COLS + c]);
-    out[(row0 + t) * (size_t)CV + col] = to_bf(y);
+    if constexpr (TNT > 0) *act_at<TNT>(out, CV, (int)row0 + t, col) = to_bf(y);
+    else out[(row0 + t) * (size_t)CV + col] = to_bf(y);
   }
   if constexpr (NS > 1) coop::this_cluster().barrier_wait();
 }

@@ -331,7 +331,18 @@ WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
     (32, "in"): (1, 1, 4, 2, 1),
     (32, "long"): (1, 1, 2, 3, 0),
     (32, "lm_head"): (1, 1, 2, 4, 0),
+    (64, "narrow"): (1, 1, 2, 3, 0),
+    (32, "narrow"): (1, 1, 2, 3, 0),
 }
+# The out projection ("narrow": 5120 rows over K = 6144) in tile order, version 13: its input
+# comes from the GDN and the attention kernels, which write the tile order since this version
+# (common.cuh act_at). Version 8's sweep (bench/2026-12-03-h200-v8-gemv-sweep-mb2.txt, us under
+# PDL): 32 rows 15.8 at ZS 8 against gemv_q4's 20.2; 64 rows 25.3 at ZS 4 (27.0 at ZS 8, the
+# split gemm_split gives) against 28.8 for gemv_q4 in two 32-row tiles. ZS where it is not
+# gemm_split's:
+WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4}
+# QWEN38_OUT_XT=0 keeps o in rows (the out projection on gemv_q4, as before version 13): A/B.
+OUT_XT = os.environ.get("QWEN38_OUT_XT", "1") != "0"
 
 
 def wgmma_launch(rows: int, k: int, btg: int, R: int,
@@ -346,7 +357,9 @@ def wgmma_launch(rows: int, k: int, btg: int, R: int,
         if wc is None:
             return None
     wg, mw, xs, mb, pp = wx or wc + (0,)
-    zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
+    zs = WGMMA_XT_ZS.get((btg, _shape_kind(rows, k)), 0) if wx else 0
+    if not zs or min(GEMV_KS, k // 128) % zs:
+        zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
         return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
     return wg, mw, xs, zs, mb, int(bool(wx)), pp
@@ -525,10 +538,11 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0)
 
 
 def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
-              slots: int = 1, batch: int = 0) -> Entry:
+              slots: int = 1, batch: int = 0, tnt: int = 0) -> Entry:
     """rs=None: the plain program's instance (ring K − 1, one state, no slot argument). Else the
     mtp lane's: ring rs slots, `slots` states per sequence picked by a `slot` argument, and
-    each=1 writing the state after every token into its own slot (the verify pass)."""
+    each=1 writing the state after every token into its own slot (the verify pass). tnt > 0:
+    out in wgmma_q4's activation tile order for 8·tnt-row tiles (the out projection's XT)."""
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
@@ -549,6 +563,10 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
         name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
         call = f"q38::gdn_chunk<{ltargs}, {each}, {slots}>"
         params += ((I32, "slot"),)
+    if tnt:
+        name += f"_t{tnt}"
+        call = (f"q38::gdn_chunk<{targs}, {k - 1 if rs is None else rs}, {each}, {slots}, "
+                f"{L['sr']}, {tnt}>")
     return Entry(
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
@@ -672,16 +690,20 @@ ATTN_PARAMS = ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"),
                ("q38::bf16*", "o"))
 
 
-def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1) -> Entry:
+def attn_entry(cfg: ModelConfig, pt: int, hg: int = 1, tnt: int = 0) -> Entry:
     """The program's attention kernel for chunks of pt rows: attn_tc (ATTN_TC) or attn with hg
-    head groups."""
+    head groups. tnt > 0 (attn_tc only): o in wgmma_q4's activation tile order for 8·tnt-row
+    tiles (the out projection's XT)."""
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    assert ATTN_TC or not tnt, "attn writes its output in rows only"
     if ATTN_TC:
         targs = f"{d}, {h}, {hkv}, {pt}, {ATTN_TC_NW}, {ATTN_TC_ST}, {ATTN_SPLIT}, {ATTN_TC_MB}"
         A = f"q38::AttnTcLaunch<{targs}>"
         threads, smem = 32 * ATTN_TC_NW, attn_tc_smem(cfg)
+        call = f"q38::attn_tc<{targs}" + (f", 1, {tnt}>" if tnt else ">")
         return Entry(
-            f"q38_attn_tc_pt{pt}", f"q38::attn_tc<{targs}>", ATTN_PARAMS, threads, smem=smem,
+            f"q38_attn_tc_pt{pt}" + (f"_t{tnt}" if tnt else ""), call, ATTN_PARAMS, threads,
+            smem=smem,
             min_blocks=ATTN_TC_MB,
             asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
                      f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
@@ -801,7 +823,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         # h and act may hold a GEMV input in tile order: whole batch tiles of rows.
         "h": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, H]},
         "proj": {"dtype": "bfloat16", "shape": [rmax, n_in]},
-        "o": {"dtype": "bfloat16", "shape": [rmax, max(Cv, cfg.q_dim)]},
+        "o": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, max(Cv, cfg.q_dim)]},
         "qbuf": {"dtype": "bfloat16", "shape": [rmax, cfg.q_dim]},
         "gu": {"dtype": "bfloat16", "shape": [rmax, 2 * F]},
         "act": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, F]},
@@ -942,11 +964,17 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                  "args": [buf("gu"), buf("act"), ["i32", R]]},
                 gemv(wname, "act", "x", H, R, 1, xt=bool(tnt))]
 
+    def out_tiles(wname: str, R: int) -> int:
+        """The n-tiles of the tile order the GDN or attention kernel writes o in for the out
+        projection wname over R rows (tiled_input), 0 for rows; only attn_tc writes tiles."""
+        return tiled_input(wname, R) if ATTN_TC and OUT_XT else 0
+
     def attention(pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
-                  pos: str = "pos") -> list[dict]:
-        """attn_prep + attn of one gated-attention layer over proj (q|k|v), into o."""
+                  pos: str = "pos", tnt: int = 0) -> list[dict]:
+        """attn_prep + attn of one gated-attention layer over proj (q|k|v), into o (in tile
+        order for 8·tnt-row tiles where tnt > 0)."""
         ap = plan.entry(attn_prep_entry(cfg, pt))
-        at = plan.entry(attn_entry(cfg, pt, attn_head_groups(cfg, R * Hkv)))
+        at = plan.entry(attn_entry(cfg, pt, attn_head_groups(cfg, R * Hkv), tnt))
         return [{"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
                  "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
                           ["t", sa + "k_norm.weight"], ["f32", eps],
@@ -970,13 +998,14 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         for i in range(cfg.num_hidden_layers):
             p = f"model.language_model.layers.{i}."
             s += normed_gemv(p + "input_layernorm.weight", f"L{i}.in", "proj", n_in, R)
+            tnt = out_tiles(f"L{i}.out", R)
             if i in lg:
                 la_ = p + "linear_attn."
                 if K:
-                    g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS))
+                    g = plan.entry(gdn_entry(cfg, pt, RS, int(verify), SLOTS, tnt=tnt))
                     L = gdn_launch(cfg, pt, RS)
                 else:
-                    g = plan.entry(gdn_entry(cfg, pt, batch=B))
+                    g = plan.entry(gdn_entry(cfg, pt, batch=B, tnt=tnt))
                     L = gdn_launch(cfg, pt, batch=B)
                 s.append({"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                           "args": [buf("proj"), ["i32", n_in], buf("proj", C + Cv), ["i32", n_in],
@@ -991,9 +1020,11 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             else:
                 sa = p + "self_attn."
                 s += attention(pt, R, sa, buf("kc", 0, la[i] * kv_layer),
-                               buf("vc", 0, la[i] * kv_layer))
-            # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention.
-            s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim))
+                               buf("vc", 0, la[i] * kv_layer), tnt=tnt)
+            # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention
+            # (or in the tile order of the out GEMV, where it reads it so).
+            s.append(gemv(f"L{i}.out", "o", "x", H, R, 1, ldx=Cv if i in lg else cfg.q_dim,
+                          xt=bool(tnt)))
             s += mlp(p + "post_attention_layernorm.weight", f"L{i}.gate_up", f"L{i}.down", R)
         # A decode step of a lane without mtp feeds the final norm straight to the lm_head,
         # so it may write the tile order; elsewhere the gather or the mtp layer reads it in rows.
@@ -1043,8 +1074,10 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                        buf("mcat", H), ["i32", 2 * H], ["f32", eps]]},
              gemv("M.fc", "mcat", "x", H, R, 0)]
         s += normed_gemv(mp + "input_layernorm.weight", "M.in", "proj", n_in, R)
-        s += attention(pt, R, mp + "self_attn.", buf("mkc"), buf("mvc"), ntok=ntok, pos=pos)
-        s.append(gemv("M.out", "o", "x", H, R, 1, ldx=cfg.q_dim))
+        tnt = out_tiles("M.out", R)
+        s += attention(pt, R, mp + "self_attn.", buf("mkc"), buf("mvc"), ntok=ntok, pos=pos,
+                       tnt=tnt)
+        s.append(gemv("M.out", "o", "x", H, R, 1, ldx=cfg.q_dim, xt=bool(tnt)))
         s += mlp(mp + "post_attention_layernorm.weight", "M.gate_up", "M.down", R)
         s.append({"k": norm.name, "grid": [R, 1, 1],
                   "args": [buf("x"), ["t", "mtp.norm.weight"], buf(out if not gather else "h"),

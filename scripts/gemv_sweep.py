@@ -99,6 +99,24 @@ ZSWEEP = {
 }
 # GEMV_SWEEP=zs32 / zs64: the same at 32-row tiles (the out projection of B = 32 and 64 runs on
 # gemv_q4 with MT = 2: 160 row blocks of 179 registers, one per SM), over 32 or 64 rows.
+# GEMV_SWEEP=g16 (version 13): the multi-wave weights at 16 rows (gate_up: 1088 blocks of 115
+# registers on 264 slots) on deeper cp.async rings, four m-tiles per warp, and a register cap
+# of three or four blocks per SM (MB, the 8th field of a "b" config; spills shown in the table).
+G16 = {
+    2: (16, [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 1, 3), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1),
+             ("b", 2, 6, 0, 1), ("b", 2, 3, 0, 1, 0, 1, 3), ("b", 2, 4, 0, 1, 0, 1, 3),
+             ("b", 4, 2, 0, 1), ("b", 4, 3, 0, 1), ("b", 1, 2, 0, 0), ("b", 1, 4, 0, 1, 0, 1, 4)]),
+}
+# GEMV_SWEEP=g64 (version 13): gate_up and the out projection at 64 rows, the activation tile
+# shared by more rows per block (WG = 2 or 4 warpgroups, or MW = 2) against the program's
+# one-warpgroup blocks, and the out projection's ring depth and split.
+G64 = {
+    8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 2, 1, 2, 1, 2, 1), ("w", 2, 1, 3, 1, 2, 1),
+             ("w", 2, 1, 2, 1, 1, 1), ("w", 4, 1, 2, 1, 1, 1), ("w", 4, 1, 3, 1, 1, 1),
+             ("w", 1, 2, 2, 1, 2, 1), ("w", 1, 2, 3, 1, 1, 1), ("w", 1, 1, 3, 1, 3, 1),
+             ("w", 1, 1, 2, 4, 3, 1), ("w", 1, 1, 3, 4, 3, 1), ("w", 1, 1, 4, 4, 2, 1),
+             ("w", 2, 1, 2, 4, 2, 1), ("w", 1, 1, 2, 2, 3, 1)]),
+}
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 if os.environ.get("GEMV_SWEEP") == "zs32":
@@ -113,6 +131,10 @@ elif os.environ.get("GEMV_SWEEP") == "zs":
     SWEEP = ZSWEEP
 elif os.environ.get("GEMV_SWEEP", "").startswith("zs"):
     pass  # zs32 / zs64 above
+elif os.environ.get("GEMV_SWEEP") == "g16":
+    SWEEP = G16
+elif os.environ.get("GEMV_SWEEP") == "g64":
+    SWEEP = G64
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
@@ -130,10 +152,12 @@ def wcfg(cfg):
 
 
 def bcfg(cfg):
-    """("b", MT, ST, XS, AS[, AB[, ZS]]) with AB (ablation bits) default 0 and ZS (blocks of a
-    cluster sharing a row block's KS parts) default 1."""
+    """("b", MT, ST, XS, AS[, AB[, ZS[, MB]]]) with AB (ablation bits) default 0, ZS (blocks of a
+    cluster sharing a row block's KS parts) default 1 and MB (min blocks per SM of the launch
+    bounds) default 1."""
     cfg = tuple(cfg) + (0,) * (6 - len(cfg))
-    return cfg if len(cfg) == 7 else cfg + (1,)
+    cfg = cfg if len(cfg) >= 7 else cfg + (1,)
+    return cfg if len(cfg) == 8 else cfg + (1,)
 
 
 def name(k, nt, cfg):
@@ -144,9 +168,9 @@ def name(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a, ab, zs = bcfg(cfg)
+    _, mt, st, xs, a, ab, zs, mb = bcfg(cfg)
     return (f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_ab{ab}" if ab else "")
-            + (f"_z{zs}" if zs > 1 else ""))
+            + (f"_z{zs}" if zs > 1 else "") + (f"_b{mb}" if mb > 1 else ""))
 
 
 def smem_of(k, nt, cfg):
@@ -157,7 +181,7 @@ def smem_of(k, nt, cfg):
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a, _, zs = bcfg(cfg)
+    _, mt, st, _, a, _, zs, _ = bcfg(cfg)
     return gemv_smem(k, mt, st, a) // zs
 
 
@@ -201,8 +225,8 @@ def source() -> str:
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a, ab, zs = bcfg(cfg)
-            threads, mb = 32 * ks // zs, 1
+            _, mt, st, xs, a, ab, zs, mb = bcfg(cfg)
+            threads = 32 * ks // zs
             call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}" + (
                 f", 0, {zs}>" if zs > 1 else ">")
         tail = ", part, arr" if cfg[0] in "wg" else ""

@@ -138,7 +138,7 @@ class Emu:
         mz = proj
         ba = proj[:, a[2][2]:]
         # _sr<n>: state rows in shared memory (a schedule knob: the same arithmetic)
-        m = re.fullmatch(r"q38_gdn_pt\d+(?:_sr\d+)?(?:_rs(\d+)_s(\d+)_e(\d))?", L["k"])
+        m = re.fullmatch(r"q38_gdn_pt\d+(?:_sr\d+)?(?:_rs(\d+)_s(\d+)_e(\d))?(?:_t\d+)?", L["k"])
         rs = int(m.group(1)) if m.group(1) else c.linear_conv_kernel_dim - 1
         slots, each = (int(m.group(2)), int(m.group(3))) if m.group(1) else (1, 0)
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
@@ -158,7 +158,7 @@ class Emu:
                 st_all[b, :ntok[b]] = per[b, :ntok[b]]
             else:
                 st_all[b, slot[b]] = st2[b]
-        self.view(a[15], (R_, Cv))[:] = out
+        self.put_rows(L, a[15], out)   # _t<nt>: in the out GEMV's tile order
 
     def k_attn(self, L, pt):
         c = self.cfg
@@ -189,14 +189,13 @@ class Emu:
         # before and after (the kernel's merger resets them)
         self.view(a[8], (R_, HKV, attn_stride(self.tmax), attn_part_floats(c)))
         assert not self.view(a[9], (R_, HKV)).any()
-        o = self.view(a[10], (R_, H * D))
+        o = np.zeros((R_, H * D))
         for r in range(R_):
             b, t = divmod(r, pt)
-            if t >= ntok[b]:
-                o[r] = 0
-                continue
-            p = pos[b] + t
-            o[r] = R.gated_attention_row(qb[r], gate[r], kc[b, :, :p + 1], vc[b, :, :p + 1])
+            if t < ntok[b]:
+                p = pos[b] + t
+                o[r] = R.gated_attention_row(qb[r], gate[r], kc[b, :, :p + 1], vc[b, :, :p + 1])
+        self.put_rows(L, a[10], o)   # _t<nt>: in the out GEMV's tile order
 
     def k_gather(self, L, pt):
         H = self.cfg.hidden_size

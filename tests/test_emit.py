@@ -243,13 +243,14 @@ def test_gdn_state_rows_in_shared_memory_at_32_and_up(model, batch, mtp):
 
     cfg = PRESETS[model]
     prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
-    gdn = {L["k"] for ph, sched in prog.manifest["schedule"].items() if isinstance(sched, list)
-           for L in sched if L["k"].startswith("q38_gdn_")}
+    names = {L["k"] for ph, sched in prog.manifest["schedule"].items() if isinstance(sched, list)
+             for L in sched if L["k"].startswith("q38_gdn_")}
+    gdn = {re.sub(r"_t\d+$", "", k): k for k in names}   # _t<nt>: out in tile order
     want = batch >= 32 and not mtp
     assert ("q38_gdn_pt1_sr12" in gdn) == want, gdn
     assert all(k == "q38_gdn_pt1_sr12" or "_sr" not in k for k in gdn), gdn
     if want:
-        k = prog.manifest["kernels"]["q38_gdn_pt1_sr12"]
+        k = prog.manifest["kernels"][gdn["q38_gdn_pt1_sr12"]]
         base = ops.gdn_launch(cfg, 1)
         assert k["smem"] == 4 * (-(-base["smem"] // 16) * 4 + 4 * 12 * base["threads"])
         assert "__launch_bounds__(256, 3)" in prog.source
@@ -336,8 +337,8 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
 
 
 # Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.
-_TILED_PRODUCER = re.compile(r"q38_(rmsnorm|swiglu)_\w+_t(\d+)$")
-_OUT_ARG = {"rmsnorm": 2, "swiglu": 1}
+_TILED_PRODUCER = re.compile(r"q38_(rmsnorm|swiglu|gdn|attn_tc)_\w+_t(\d+)$")
+_OUT_ARG = {"rmsnorm": 2, "swiglu": 1, "gdn": 15, "attn_tc": 10}
 
 
 @pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 64, 0), ("qwen3.8-27b", 40, 0),
@@ -347,9 +348,10 @@ _OUT_ARG = {"rmsnorm": 2, "swiglu": 1}
 def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
     """In every schedule, a wgmma_q4 launch with XT = 1 (name ending _t1) reads a buffer whose
     last writer wrote it in tile order for the same batch tile, and every tile-order write is
-    read next by such a launch and nothing else; in the 27B program at btg 64 the in, gate_up
-    and decode-step down projections read the tile order, at btg 32 too, and at both the decode
-    step's lm_head in lanes without mtp; at btg 16 nothing does."""
+    read next by such a launch and nothing else; in the 27B program at btg 64 the in, out,
+    gate_up and decode-step down projections read the tile order (out from the GDN and attn_tc
+    kernels, version 13), at btg 32 too, and at both the decode step's lm_head in lanes without
+    mtp; at btg 16 nothing does."""
     prog = emit_program(PRESETS[model], Lanes.make(batch, pt=16, mtp=mtp))
     btg = prog.lanes.btg
     nxt = 0
@@ -376,7 +378,7 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
     n_xt = sum(k.endswith("_t1") for k in decode)
     if model == "qwen3.8-27b":
         # the decode step's layers, and its lm_head where the lane has no mtp
-        assert n_xt == {64: 3, 32: 3, 16: 0}[btg] * n_layers + (btg >= 32 and not mtp), n_xt
+        assert n_xt == {64: 4, 32: 4, 16: 0}[btg] * n_layers + (btg >= 32 and not mtp), n_xt
     if btg < 32:
         assert nxt == 0
 

@@ -30,6 +30,7 @@ import pytest
 
 from qwen38gen import ops
 from qwen38gen.runtime import allow_dynamic_smem
+from qwen38gen.weights import xtile_index
 from tests.gpu import ref_ops as ref
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
@@ -54,16 +55,16 @@ _MODS: dict = {}
 SPLIT = ops.ATTN_SPLIT
 
 
-def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1):
+def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1, tnt: int = 0):
     """(prep, attn, launch, smem) for one geometry and chunk size. kind "tc": attn_tc with the
-    program's schedule (ops.ATTN_TC_*); "cc": attn, the CUDA-core kernel, with ops.ATTN_* and hg
-    head groups. launch comes from the C++ structs: prep threads, prep grid_y, attn threads,
-    split, max_splits, part_floats."""
-    key = (kind, H, HKV, PT, hg)
+    program's schedule (ops.ATTN_TC_*), its output in rows or (tnt > 0) in wgmma_q4's tile order;
+    "cc": attn, the CUDA-core kernel, with ops.ATTN_* and hg head groups. launch comes from the
+    C++ structs: prep threads, prep grid_y, attn threads, split, max_splits, part_floats."""
+    key = (kind, H, HKV, PT, hg, tnt)
     if key not in _MODS:
         import pycuda.driver as drv
 
-        tag = f"{kind}_h{H}_kv{HKV}_pt{PT}_hg{hg}"
+        tag = f"{kind}_h{H}_kv{HKV}_pt{PT}_hg{hg}_t{tnt}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
         if kind == "tc":
             knobs = f"{ops.ATTN_TC_NW}, {ops.ATTN_TC_ST}, {ops.ATTN_SPLIT}, {ops.ATTN_TC_MB}"
@@ -88,8 +89,8 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
            const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
-  q38::{fn}<{D}, {H}, {HKV}, {PT}, {knobs}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part,
-                                            arrivals, o);
+  q38::{fn}<{D}, {H}, {HKV}, {PT}, {knobs}{f", 1, {tnt}" if tnt else ""}>(qbuf, qkv, ld, kc, vc, tmax,
+                                            pos, ntok, part, arrivals, o);
 }}
 static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
 """
@@ -121,12 +122,13 @@ class _Geom:
         self.num_attention_heads, self.num_key_value_heads, self.head_dim = H, HKV, D
 
 
-def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None):
+def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None, tnt=0):
     """attn_prep then attn on the device, as a step runs them, then attn once more on the same
     buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
+    tnt > 0 (attn_tc): the output in tile order for 8·tnt-row tiles, read back into rows.
     Returns qbuf, kc, vc, out (of the first attn launch)."""
     hg = 1 if kind == "tc" else ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
-    prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg)
+    prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg, tnt)
     R, ld = qkv.shape
     target = ops.ATTN_TC_BLOCKS if kind == "tc" else ops.ATTN_BLOCKS
     gx = ops.attn_grid_x(B * HKV * PT, target) if gx is None else gx
@@ -141,12 +143,14 @@ def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=Non
          np.float32(THETA), pos_d.gpudata, ntok_d.gpudata, qbuf_d.gpudata, kc_d.gpudata,
          vc_d.gpudata, np.int32(tmax), block=(p_threads, 1, 1), grid=(R, p_grid_y))
     outs = []
+    rows = -(-R // (8 * tnt)) * 8 * tnt if tnt else R
     for _ in range(2):
-        out_d = poisoned((R, H * D), BF16)
+        out_d = poisoned((rows, H * D), BF16)
         attn(qbuf_d.gpudata, qkv_d.gpudata, np.int32(ld), kc_d.gpudata, vc_d.gpudata,
              np.int32(tmax), pos_d.gpudata, ntok_d.gpudata, part_d.gpudata, arr_d.gpudata,
              out_d.gpudata, block=(a_threads, 1, 1), grid=(gx, B * HKV, PT), shared=smem)
-        outs.append(out_d.get())
+        out = out_d.get()
+        outs.append(out.reshape(-1)[xtile_index(R, H * D, tnt)] if tnt else out)
         arr = arr_d.get()
         assert not arr.any(), f"arrival counters not reset: {np.count_nonzero(arr)} nonzero"
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)), \
@@ -366,3 +370,25 @@ def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
         n = min(p + t + 1, tmax1)
         e = rel_err(o1[t], ref.gated_attention_row(q1[t], gate[t], kc[0, :, :n], vc[0, :, :n]))
         assert e < TOL_ATTN, f"row {t}: rel err {e:.2e}"
+
+
+@pytest.mark.parametrize("geom", list(GEOMS))
+@pytest.mark.parametrize("B,PT", [(3, 1), (17, 1), (3, 4), (17, 4)])
+@pytest.mark.parametrize("tnt", [4, 8])
+def test_attention_output_in_tile_order(cuda_ctx, geom, B, PT, tnt):
+    """attn_tc with TNT > 0 (version 13: the out projection reads o with XT = 1) writes the same
+    values as with rows, each where weights.xtile_index puts it: one split and several (the
+    EDGES lengths), merged by attn_merge_splits, and padding rows (PT = 4) as zeros; the tile
+    buffer starts poisoned."""
+    H, HKV = GEOMS[geom]
+    pos = np.array([EDGES[b % len(EDGES)] - 1 for b in range(B)])
+    ntok = np.ones(B, np.int64) if PT == 1 else np.array([(4, 1, 3, 2)[b % 4] for b in range(B)])
+    tmax = int(pos.max()) + PT + 11
+    rng = np.random.default_rng([B, PT, tnt, 29])
+    qkv, qn, kn, kc0, vc0 = _inputs(rng, H, HKV, B, PT, pos, tmax)
+    rows = _gpu_run("tc", H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax)[3]
+    tiles = _gpu_run("tc", H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax,
+                     tnt=tnt)[3]
+    assert np.all(np.isfinite(tiles.astype(np.float32))), "a value of o was not written"
+    assert np.array_equal(tiles.view(np.uint16), rows.view(np.uint16)), \
+        f"{geom} B={B} PT={PT} TNT={tnt}: tile-order output differs from the row-order one"

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from qwen38gen.runtime import allow_dynamic_smem
+from qwen38gen.weights import xtile_index
 from tests.gpu import ref_ops
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 
@@ -173,9 +174,10 @@ def make_inputs(g: Geom, B: int, pt: int, seed: int, ntok=None, pos=None):
         pos=np.asarray(pos, dtype=np.int64), ntok=np.asarray(ntok, dtype=np.int64))
 
 
-def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, kern=None):
+def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, kern=None, tnt: int = 0):
     """One launch (of `kern` = (function, launch shape) when given); returns out, ring, state
-    (host fp64)."""
+    (host fp64). tnt > 0: the kernel writes out in wgmma_q4's tile order for 8·tnt-row tiles;
+    it is read back into rows."""
     g = GEOMS[geom]
     B = len(inp["pos"])
     fn, L = kern or kernel(mod, geom, pt, ns)
@@ -190,13 +192,17 @@ def run_gpu(mod, geom: str, pt: int, ns: int, inp: dict, kern=None):
     d_state = to_gpu(inp["state"].astype(np.float32))
     d_pos = to_gpu(inp["pos"].astype(np.int32))
     d_ntok = to_gpu(inp["ntok"].astype(np.int32))
-    d_out = poisoned((B * pt, g.Cv), BF16)
+    rows = -(-B * pt // (8 * tnt)) * 8 * tnt if tnt else B * pt
+    d_out = poisoned((rows, g.Cv), BF16)
     fn(d_mz, np.int32(inp["ld_mz"]), d_ba, np.int32(inp["ld_ba"]), np.int32(inp["ba_off"]),
        d_w, d_A, d_dt, d_nw, np.float32(EPS), d_ring, d_arr, d_state, d_pos, d_ntok, d_out,
        block=(L["threads"], 1, 1), grid=(B * L["blocks_per_seq"], 1, 1), shared=L["smem"])
     assert not d_arr.get().any(), "ring_arrivals not left at 0"
     f = np.float64
-    return d_out.get().astype(f), d_ring.get().astype(f), d_state.get().astype(f)
+    out = d_out.get()
+    if tnt:
+        out = out.reshape(-1)[xtile_index(B * pt, g.Cv, tnt)]
+    return out.astype(f), d_ring.get().astype(f), d_state.get().astype(f)
 
 
 def reference(geom: str, pt: int, inp: dict, hf_rounding: bool):
@@ -320,3 +326,43 @@ def test_gdn_state_rows_in_shared_memory(mod, mod_sr, geom, B, pt, sr):
         assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
             f"SR={sr} {geom} B={B} PT={pt}: {name} differs from SR = 0"
     check(f"SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
+
+
+# TNT (version 13): out in wgmma_q4's activation tile order for 8·TNT-row tiles, which the out
+# projection reads with XT = 1 at batch tiles of 32 and 64 rows. Only where the values go
+# changes: out (read back into rows), ring and state bitwise as the row-order instance's.
+TNT_VARIANTS = [("27b", 1, 4, 0), ("27b", 1, 8, 12), ("tiny", 1, 8, 12), ("27b", 4, 8, 0)]
+
+
+def tnt_entry_name(geom: str, pt: int, tnt: int, sr: int) -> str:
+    return f"q38_gdn_{geom}_pt{pt}_t{tnt}_sr{sr}"
+
+
+@pytest.fixture(scope="module")
+def mod_tnt(cuda_ctx):
+    src = ['#include "gdn.cuh"']
+    for geom, pt, tnt, sr in TNT_VARIANTS:
+        g = GEOMS[geom]
+        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
+        L = f"q38::GdnLaunch<{t}, {sr}>"
+        n = tnt_entry_name(geom, pt, tnt, sr)
+        src.append(f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
+                   f"{n}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}, {tnt}>({ARGS}); }}\n")
+    return build("\n".join(src))
+
+
+@pytest.mark.parametrize("geom,pt,tnt,sr", TNT_VARIANTS)
+@pytest.mark.parametrize("B", [1, 3, 17])
+def test_gdn_out_in_tile_order(mod, mod_tnt, geom, pt, tnt, sr, B):
+    g = GEOMS[geom]
+    base = launch_py(g, pt, 1)
+    smem = 4 * (-(-base["smem"] // 16) * 4 + 4 * sr * base["threads"]) if sr else base["smem"]
+    fn = mod_tnt.get_function(tnt_entry_name(geom, pt, tnt, sr))
+    allow_dynamic_smem(fn, smem)
+    inp = make_inputs(g, B, pt, seed_of("tnt", geom, B, pt, tnt, sr))
+    plain = run_gpu(mod, geom, pt, 1, inp)
+    got = run_gpu(mod_tnt, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)), tnt=tnt)
+    for name, a, b in zip(("out", "ring", "state"), got, plain):
+        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
+            f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}: {name} differs from the row-order instance"
+    check(f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
