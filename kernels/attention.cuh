@@ -377,11 +377,18 @@ __device__ __forceinline__ void attn_merge_splits(const float* prow, int PF, int
       a[3] = fmaf(w, v.w, a[3]);
     }
     const bf16* gp = gate + 2 * D * (m * G + g) + d;
-    bf162* dst;  // (row order: the address formed as before OutTiles, which keeps attn's SASS)
-    if constexpr (IsOutTiles<Out>::value) dst = reinterpret_cast<bf162*>(out_ptr(orow + g * D + d));
-    else dst = reinterpret_cast<bf162*>(orow + g * D + d);
-    dst[0] = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
-    dst[1] = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
+    // Columns d, d+1 and d+2, d+3: neighbours in row order (the address formed as before
+    // OutTiles, which keeps attn's SASS), two words of different core rows in tile order.
+    bf162 *dst0, *dst1;
+    if constexpr (IsOutTiles<Out>::value) {
+      dst0 = reinterpret_cast<bf162*>(out_ptr(orow + g * D + d));
+      dst1 = reinterpret_cast<bf162*>(out_ptr(orow + g * D + d + 2));
+    } else {
+      dst0 = reinterpret_cast<bf162*>(orow + g * D + d);
+      dst1 = dst0 + 1;
+    }
+    *dst0 = __floats2bfloat162_rn(a[0] * sigmoidf_(to_f(gp[0])), a[1] * sigmoidf_(to_f(gp[1])));
+    *dst1 = __floats2bfloat162_rn(a[2] * sigmoidf_(to_f(gp[2])), a[3] * sigmoidf_(to_f(gp[3])));
   }
 }
 
