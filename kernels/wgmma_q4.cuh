@@ -59,7 +59,7 @@
 
 namespace q38 {
 
-template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0, int RG = 0>
+template <int NT, int KS, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 struct WgmmaLaunch {
   static_assert(WG >= 1 && WG <= 4, "wgmma_q4: 1 to 4 warpgroups per block");
   static_assert(MW >= 1 && MW <= 2, "wgmma_q4: 1 or 2 row blocks per warpgroup");
@@ -76,9 +76,7 @@ struct WgmmaLaunch {
   static constexpr int x_units = 32 * NT;                       // (row, k-tile, half) of a group
   static constexpr int x_per_thread = (x_units + threads - 1) / threads;
   static constexpr int values = MW * NT * 4;                    // accumulators per thread
-  static_assert(RG == 0 || RG == 1, "wgmma_q4: RG is 0 or 1");
-  // KS > 1, ZS = 1: the parts' running sum in shared memory (RG = 0) or in registers (RG = 1)
-  static constexpr int sum_bytes = KS > 1 && ZS == 1 && !RG ? threads * values * 4 : 0;
+  static constexpr int sum_bytes = KS > 1 && ZS == 1 ? threads * values * 4 : 0;
   static constexpr int part_floats = KS * threads * values;     // per row block (ZS > 1)
   static constexpr int dyn_smem_bytes = XS * w_stage_bytes + x_slots * x_stage_bytes + sum_bytes;
 };
@@ -161,12 +159,12 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // dequant (raw words as A), 4 no scaling, 8 no activation-tile copies and 16 no weight copies
 // after the first stages, 32 no block barrier.
 template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0,
-          int AB = 0, int RG = 0>
+          int AB = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT, PP, RG>;
+  using L = WgmmaLaunch<NT, KS, WG, MW, XS, ZS, XT, PP>;
   constexpr int KT = K / 64, NG = K / 128, V = L::values, T = L::threads;
   // D: groups copied ahead. PP = 1 keeps one more stage untouched: group g-1's wgmmas may still
   // read its activation tile while group g+1 is issued.
@@ -274,8 +272,6 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   // dequant of g+1 overlap g's wgmmas, g's scaling overlaps g+1's. The sets only rename.
   constexpr int NX = L::x_slots, NB = PP ? 2 : 1;
   float acc[MW][NT][4], pt[NB][MW][NT][4];
-  float sr[RG ? MW : 1][RG ? NT : 1][4];  // RG = 1: the parts' running sum
-  q4_zero<(RG ? MW : 1), (RG ? NT : 1)>(sr);
   uint32_t a[NB][MW][8][4], sw[NB][MW];
   q4_zero<MW, NT>(acc);
 #pragma unroll
@@ -366,7 +362,6 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
           for (int e = 0; e < 4; ++e) {
             float* sv = pv + ((b * NT + j) * 4 + e) * T;
             if constexpr (ZS > 1) __stcg(sv, acc[b][j][e]);
-            else if constexpr (RG) sr[b][j][e] = (part == 0 ? 0.f : sr[b][j][e]) + acc[b][j][e];
             else *sv = (part == 0 ? 0.f : *sv) + acc[b][j][e];
             acc[b][j][e] = 0.f;
           }
@@ -429,7 +424,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
           const int v = (b * NT + j) * 4 + e;
           int n, r;
           out_index(v, n, r);
-          gemv_store<EPI>(y, ldy, n, r, N, R, KS == 1 ? acc[b][j][e] : RG ? sr[b][j][e] : sums[v * T]);
+          gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[b][j][e]);
         }
   }
 }

@@ -259,13 +259,11 @@ def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:
 
 # wgmma_q4 (kernels/wgmma_q4.cuh, sm_90a): gemv_q4's arithmetic on warpgroup MMA, the four warps
 # of a warpgroup owning 64 rows and the activation tile in shared memory as the B operand.
-def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int, xt: int = 0,
-               rg: int = 0) -> int:
+def wgmma_smem(k: int, nt: int, wg: int, mw: int, xs: int, zs: int, xt: int = 0) -> int:
     """Dynamic shared memory of a wgmma_q4 instance (WgmmaLaunch::dyn_smem_bytes): the weight
-    ring, the activation tiles (XT = 1: one per ring stage, else two), the part sums (none
-    with RG = 1: they are kept in registers)."""
+    ring, the activation tiles (XT = 1: one per ring stage, else two), the part sums."""
     ks = min(GEMV_KS, k // 128)
-    sums = 128 * wg * mw * nt * 4 * 4 if ks > 1 and zs == 1 and not rg else 0
+    sums = 128 * wg * mw * nt * 4 * 4 if ks > 1 and zs == 1 else 0
     slots = xs if xt else 2
     return xs * 4 * wg * mw * 66 * 16 + slots * 8 * nt * 256 + sums
 
@@ -347,21 +345,12 @@ WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4}
 OUT_XT = os.environ.get("QWEN38_OUT_XT", "1") != "0"
 
 
-# RG (version 13): where a tile-order launch keeps its KS parts' running sum in the block
-# (ZS = 1), wgmma_q4 may keep it in registers instead of shared memory (RG = 1, ~11 more
-# registers at 64 rows), and the 16 KiB (64 rows) it frees buys one more ring stage at the same
-# blocks per SM: two groups in flight instead of one for gate_up at 64 rows. QWEN38_WGMMA_RG=0
-# keeps the sums in shared memory and the table's stages (A/B).
-WGMMA_RG = os.environ.get("QWEN38_WGMMA_RG", "0") != "0"
-SM_SMEM = 227 * 1024   # an H200 SM's shared memory for blocks (bytes)
-
-
 def wgmma_launch(rows: int, k: int, btg: int, R: int,
-                 xt: bool = False) -> tuple[int, int, int, int, int, int, int, int] | None:
-    """(WG, MW, XS, ZS, MB, XT, PP, RG) of the wgmma_q4 launch of a weight over R activation
-    rows, or None: wgmma_config's schedule (WGMMA_XT_TABLE's where xt, the caller able to give
-    the activations in tile order), the split gemm_split gives its grid, and RG (WGMMA_RG). The
-    producer of the activations must write the tile order exactly when the result's XT is 1."""
+                 xt: bool = False) -> tuple[int, int, int, int, int, int, int] | None:
+    """(WG, MW, XS, ZS, MB, XT, PP) of the wgmma_q4 launch of a weight over R activation rows,
+    or None: wgmma_config's schedule (WGMMA_XT_TABLE's where xt, the caller able to give the
+    activations in tile order) and the split gemm_split gives its grid. The producer of the
+    activations must write the tile order exactly when the result's XT is 1."""
     wx = WGMMA_XT_TABLE.get((btg, _shape_kind(rows, k))) if xt else None
     if wx is None:
         wc = wgmma_config(rows, k, btg)
@@ -373,25 +362,18 @@ def wgmma_launch(rows: int, k: int, btg: int, R: int,
         zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
         return None   # measured split only; unsplit, its 4-warpgroup instance spills (128 registers)
-    rg = 0
-    nt = btg // 8
-    if (WGMMA_RG and wx and zs == 1 and min(GEMV_KS, k // 128) > 1
-            and mb * wgmma_smem(k, nt, wg, mw, xs + 1, 1, 1, 1) <= SM_SMEM):
-        xs, rg = xs + 1, 1
-    return wg, mw, xs, zs, mb, int(bool(wx)), pp, rg
+    return wg, mw, xs, zs, mb, int(bool(wx)), pp
 
 
 def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
-                mb: int = 1, xt: int = 0, pp: int = 0, rg: int = 0) -> Entry:
+                mb: int = 1, xt: int = 0, pp: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    smem = wgmma_smem(k, nt, wg, mw, xs, zs, xt, rg)
-    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}" + (f", {rg}" if rg else "")
-    call = f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}" + (
-        f", 0, {rg}>" if rg else ">")
+    smem = wgmma_smem(k, nt, wg, mw, xs, zs, xt)
+    targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}"
     return Entry(name=f"q38_gemv_k{k}_wg{wg}_mw{mw}_n{nt}_s{ks}_e{epi}_x{xs}_z{zs}_b{mb}"
-                      + ("_r1" if rg else "") + ("_p1" if pp else "") + ("_t1" if xt else ""),
-                 call=call,
+                      + ("_p1" if pp else "") + ("_t1" if xt else ""),
+                 call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>",
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
@@ -525,7 +507,9 @@ def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, bat
     registers). The decode step of the plain program at B >= 32 keeps 12 of its 16 there, three
     items per SM instead of two: the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17 at
     B = 64; at B = 16 it lost 8 % (the step, not the GDN alone: 1.71 -> 1.77 ms) and at B = 1 3 %
-    (bench/2026-12-03-h200-v12-bench-sr*.json)."""
+    (bench/2026-12-03-h200-v12-bench-sr*.json). The B = 16 loss is an overlap effect of
+    programmatic dependent launch: without PDL SR = 12 costs that step 0.04 ms, with it 0.7 ms
+    (bench/NOTES.md, version 13)."""
     if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
         return 0
     if GDN_SR:
@@ -922,8 +906,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
         wl, gl = tensor_launch(wname, R, xt)
         if wl:
-            wg, mw, xs, zs, mb, xt_, pp, rg = wl
-            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp, rg), 4 * wg * mw,
+            wg, mw, xs, zs, mb, xt_, pp = wl
+            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
         elif gl:
             mt, wr, st, zs, mb = gl

@@ -119,16 +119,6 @@ G64 = {
              ("w", 2, 1, 2, 4, 2, 1), ("w", 1, 1, 2, 2, 3, 1), ("w", 1, 1, 3, 8, 3, 1),
              ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 4, 8, 2, 1)]),
 }
-# GEMV_SWEEP=rg (version 13): the KS parts' running sum in registers (RG = 1) frees 16 KiB of
-# shared memory per 64-row block, so three blocks per SM fit a third ring stage (XS = 3: two
-# groups in flight instead of one); at 32 rows the same with four blocks per SM.
-RGS = {
-    8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 2, 1, 3, 1, 0, 0, 1), ("w", 1, 1, 3, 1, 3, 1, 0, 0, 1),
-             ("w", 1, 1, 4, 1, 2, 1, 0, 0, 1), ("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 5, 1, 2, 1, 0, 0, 1)]),
-    4: (32, [("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 3, 1, 3, 1, 0, 0, 1), ("w", 1, 1, 4, 1, 3, 1, 0, 0, 1),
-             ("w", 1, 1, 3, 1, 4, 1, 0, 0, 1), ("w", 1, 1, 2, 1, 4, 1), ("w", 1, 1, 4, 1, 2, 1, 1),
-             ("w", 1, 1, 5, 1, 2, 1, 1, 0, 1)]),
-}
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 if os.environ.get("GEMV_SWEEP") == "zs32":
@@ -147,8 +137,6 @@ elif os.environ.get("GEMV_SWEEP") == "g16":
     SWEEP = G16
 elif os.environ.get("GEMV_SWEEP") == "g64":
     SWEEP = G64
-elif os.environ.get("GEMV_SWEEP") == "rg":
-    SWEEP = RGS
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
@@ -159,10 +147,10 @@ def ks_of(k: int) -> int:
 
 
 def wcfg(cfg):
-    """("w", WG, MW, XS, ZS, MB[, XT[, PP[, AB[, RG]]]]) with XT (activations read in tile
-    order), PP (two register sets, one group's wgmmas in flight while the next is dequantized),
-    AB (ablation bits) and RG (the KS parts' running sum in registers) default 0."""
-    return tuple(cfg) + (0,) * (10 - len(cfg))
+    """("w", WG, MW, XS, ZS, MB[, XT[, PP[, AB]]]) with XT (activations read in tile order), PP
+    (two register sets, one group's wgmmas in flight while the next is dequantized) and AB
+    (ablation bits) default 0."""
+    return tuple(cfg) + (0,) * (9 - len(cfg))
 
 
 def bcfg(cfg):
@@ -176,9 +164,9 @@ def bcfg(cfg):
 
 def name(k, nt, cfg):
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb, xt, pp, ab, rg = wcfg(cfg)
+        _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
         return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
-                + (f"_p{pp}" if pp else "") + (f"_a{ab}" if ab else "") + (f"_r{rg}" if rg else ""))
+                + (f"_p{pp}" if pp else "") + (f"_a{ab}" if ab else ""))
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
@@ -190,8 +178,8 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, xt, _, _, rg = wcfg(cfg)
-        return wgmma_smem(k, nt, wg, mw, xs, zs, xt, rg)
+        _, wg, mw, xs, zs, _, xt, _, _ = wcfg(cfg)
+        return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
@@ -202,7 +190,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, _, _, _, _ = wcfg(cfg)
+        _, wg, mw, xs, zs, _, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
@@ -232,9 +220,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "w":
-            _, wg, mw, xs, zs, mb, xt, pp, ab, rg = wcfg(cfg)
+            _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}, {rg}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"

@@ -445,27 +445,27 @@ WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8,
 _WGMMA: dict = {}
 
 
-def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt=0, pp=0, rg=0):
-    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp, rg)
+def _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt=0, pp=0):
+    key = (K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp)
     if key not in _WGMMA:
-        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}_{xt}_{pp}_{rg}"
-        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {rg}"
+        name = f"wgmma_{K}_{nt}_{ks}_{epi}_{wg}_{mw}_{xs}_{zs}_{mb}_{xt}_{pp}"
+        targs = f"{nt}, {ks}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}"
         src = f"""
 #include "wgmma_q4.cuh"
 extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R, float* part, int* arrivals) {{
-  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, 0, {rg}>(
-      q, s, x, ldx, y, ldy, N, R, part, arrivals);
+  q38::wgmma_q4<{K}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>(q, s, x, ldx, y, ldy,
+                                                                           N, R, part, arrivals);
 }}
 static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
 static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
-              {ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt, rg)}, "ops.wgmma_smem");
+              {ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)}, "ops.wgmma_smem");
 static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
               "ops.wgmma_part_floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
-        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt, rg)
+        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)
         allow_dynamic_smem(fn, smem)
         _WGMMA[key] = (fn, smem)
     return _WGMMA[key]
@@ -575,13 +575,11 @@ def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
 
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256),
                                  (24576 + 16, 256)])
-@pytest.mark.parametrize("rg", [False, True])
-def test_wgmma_program_configs_bitwise(cuda_ctx, monkeypatch, N, K, rg):
+def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     """The configs ops.wgmma_launch picks for the sm_90a program (in-projection-, long-K-,
     lm_head- and gate_up-sized weights) at btg 32 and 64, with the activations in rows and,
     where the producer can write it, in tile order (XT = 1), give gemv_q4's bits, both
-    epilogues; with ops.WGMMA_RG off and on (the parts' running sum in registers)."""
-    monkeypatch.setattr(ops, "WGMMA_RG", rg)
+    epilogues."""
     rng = np.random.default_rng([N, K, 9])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
@@ -594,9 +592,9 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, monkeypatch, N, K, rg):
                 wl = ops.wgmma_launch(N, K, btg, R, xt=tiled)
                 if wl is None:
                     continue
-                wg, mw, xs, zs, mb, xt, pp, rg = wl
+                wg, mw, xs, zs, mb, xt, pp = wl
                 for epi in (0, 1):
-                    fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp, rg)
+                    fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp)
                     ref_fn = _kernel(K, 1, nt, ks, epi)
                     xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
                     x = to_gpu(xh)
