@@ -373,58 +373,45 @@ __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const
   pdl_launch_dependents();
   wp.run(rt0, (p * NG) / KS, ((p + 1) * NG) / KS, true);
 
-  if constexpr (ZS > 1) {
-    // The cluster's KS partial sums in part order (part q: block q / KW, warp q % KW) through
-    // distributed shared memory; block z finalises value slots v = p, p + KS, ...
+  if constexpr (KS > 1) {
+    // The KS partial sums in part order (part q: block q / KW, warp q % KW), through this
+    // block's shared memory (ZS = 1) or the cluster's distributed shared memory (ZS > 1); warp
+    // p of the row block finalises value slots v = p, p + KS, ... for its lane.
     namespace coop = cooperative_groups;
-    coop::cluster_group cl = coop::this_cluster();
     __shared__ float red[KW][V][32];
 #pragma unroll
     for (int v = 0; v < V; ++v) red[warp][v][lane] = wp.value(v);
-    cl.sync();
-    const float* rk[ZS];
+    const float* rk[ZS];  // ZS > 1: each block's red, mapped into this one
+    if constexpr (ZS > 1) {
+      coop::cluster_group cl = coop::this_cluster();
+      cl.sync();
 #pragma unroll
-    for (int q = 0; q < ZS; ++q) rk[q] = cl.map_shared_rank(&red[0][0][0], q);
+      for (int q = 0; q < ZS; ++q) rk[q] = cl.map_shared_rank(&red[0][0][0], q);
+    } else {
+      __syncthreads();
+    }
+    // Part q's value slot v of this lane (ZS = 1: indexed in red itself, as ptxas schedules best).
+    auto part = [&](int q, int v) {
+      if constexpr (ZS > 1) return rk[q / KW][((q % KW) * V + v) * 32 + lane];
+      else return red[q][v][lane];
+    };
 #pragma unroll 1
     for (int v = p; v < VS; v += KS) {
-      float s = 0.f, u = 0.f;
-#pragma unroll
-      for (int q = 0; q < KS; ++q) s += rk[q / KW][((q % KW) * V + v) * 32 + lane];
-      if constexpr (EPI == EPI_SWIGLU) {
-#pragma unroll
-        for (int q = 0; q < KS; ++q) u += rk[q / KW][((q % KW) * V + v + VS) * 32 + lane];
-      }
-      int n, r;
-      gemv_out_index(v, NT, lane, rt0, r0, n, r);
-      if constexpr (EPI == EPI_SWIGLU)
-        gemv_store_swiglu(y, ldy, n, r, N, R, s, u);
-      else
-        gemv_store<EPI>(y, ldy, n, r, N, R, s);
-    }
-    cl.sync();  // no block exits while another still reads its partial sums
-  } else if constexpr (KS > 1) {
-    // Reduce the KS partial sums in a fixed order, then store.
-    __shared__ float red[KS][V][32];
-#pragma unroll
-    for (int v = 0; v < V; ++v) red[warp][v][lane] = wp.value(v);
-    __syncthreads();
-    // Thread t finalises value slots v = warp, warp+KS, ... for its lane.
-#pragma unroll 1
-    for (int v = warp; v < VS; v += KS) {
       float s = 0.f;
 #pragma unroll
-      for (int w = 0; w < KS; ++w) s += red[w][v][lane];
+      for (int q = 0; q < KS; ++q) s += part(q, v);
       int n, r;
       gemv_out_index(v, NT, lane, rt0, r0, n, r);
       if constexpr (EPI == EPI_SWIGLU) {
         float u = 0.f;
 #pragma unroll
-        for (int w = 0; w < KS; ++w) u += red[w][v + VS][lane];
+        for (int q = 0; q < KS; ++q) u += part(q, v + VS);
         gemv_store_swiglu(y, ldy, n, r, N, R, s, u);
       } else {
         gemv_store<EPI>(y, ldy, n, r, N, R, s);
       }
     }
+    if constexpr (ZS > 1) coop::this_cluster().sync();  // no block exits while another reads
   } else {
 #pragma unroll
     for (int v = 0; v < VS; ++v) {

@@ -555,20 +555,13 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
               ("const float*", "norm_w"), ("float", "eps"), ("q38::bf16*", "ring"),
               ("int*", "ring_arrivals"), ("float*", "state"), (I32, "pos"), (I32, "ntok"),
               ("q38::bf16*", "out"))
-    name, call, ltargs = f"q38_gdn_pt{pt}", f"q38::gdn_chunk<{targs}>", targs
-    if L["sr"]:
-        ltargs = f"{targs}, {k - 1}, {L['sr']}"
-        name = f"q38_gdn_pt{pt}_sr{L['sr']}"
-        call = f"q38::gdn_chunk<{targs}, {k - 1}, 0, 1, {L['sr']}>"
+    sr, ring = L["sr"], k - 1 if rs is None else rs
+    name = (f"q38_gdn_pt{pt}" + (f"_sr{sr}" if sr else "")
+            + (f"_rs{rs}_s{slots}_e{each}" if rs is not None else "") + (f"_t{tnt}" if tnt else ""))
+    call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {sr}, {tnt}>"
+    ltargs = f"{targs}, {ring}, {sr}"
     if rs is not None:
-        ltargs = f"{targs}, {rs}"
-        name = f"q38_gdn_pt{pt}_rs{rs}_s{slots}_e{each}"
-        call = f"q38::gdn_chunk<{ltargs}, {each}, {slots}>"
         params += ((I32, "slot"),)
-    if tnt:
-        name += f"_t{tnt}"
-        call = (f"q38::gdn_chunk<{targs}, {k - 1 if rs is None else rs}, {each}, {slots}, "
-                f"{L['sr']}, {tnt}>")
     return Entry(
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
