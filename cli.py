@@ -472,7 +472,10 @@ def _int_list(s: str, what: str) -> list[int]:
               help="Instead: the speculative step with K drafts (verify + drafter graph) against "
                    "the plain decode step, tok/s measured and implied at acceptance 0.5/0.7/0.9 "
                    "(--mtp alone: K = 1).")
-def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
+@click.option("--trace", is_flag=True, default=False,
+              help="Also replay each B's trace variant once (every block's start, wait and end "
+                   "on %globaltimer) and print where the step's time goes launch by launch.")
+def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen import bench as Bm
     from qwen38gen.config import load_config
@@ -488,7 +491,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
         _bench_mtp(cfg, bs, ctx, reps, mtp, json_out)
         return
     with err.status("bench") as st:
-        bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m))
+        bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m),
+                            trace=trace)
     from qwen38gen import launch
 
     pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
@@ -514,6 +518,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
             cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
         g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
     out.print(g)
+    if trace:
+        _print_traces(rows)
     pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
     import subprocess
 
@@ -527,6 +533,35 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp):
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
+
+
+def _print_traces(rows):
+    """`bench --trace`: per B, the step's advances by kind and by GEMV weight (trace.py)."""
+    for r in rows:
+        tr = r.trace
+        t = Table(title=f"B = {r.batch}: one replay of the trace variant ({tr['variant_ms']:.3f} ms "
+                        f"a replay, the program {r.step_ms:.3f}; timer step "
+                        f"{tr['resolution_ns']:.0f} ns). Per launch: handover = its first block "
+                        "out of the wait - the previous launch's last block done; advance = its "
+                        "last block done - the previous one's; tail = its last block done - half "
+                        "of its blocks done")
+        for c in ("launches", "n", "advance ms", "handover ms", "run ms", "tail ms",
+                  "µs per launch: advance", "handover", "tail", "weights GB/s over run"):
+            t.add_column(c, justify="right")
+        for part, label in (("by_kind", None), ("by_label", None)):
+            for name, a in sorted(tr[part].items(), key=lambda kv: -kv[1]["advance"]):
+                if part == "by_label" and name in tr["by_kind"]:
+                    continue   # a kind without weights: already a row
+                n = a["n"]
+                t.add_row(name, str(n), f"{a['advance'] / 1e3:.3f}", f"{a['handover'] / 1e3:.3f}",
+                          f"{a['run'] / 1e3:.3f}", f"{a['tail'] / 1e3:.3f}",
+                          f"{a['advance'] / n:.1f}", f"{a['handover'] / n:.1f}",
+                          f"{a['tail'] / n:.1f}",
+                          f"{a['gbs_run']:,.0f}" if a.get("gbs_run") else "-")
+            if part == "by_kind":
+                t.add_section()
+        t.add_row("step", "", f"{tr['step_us'] / 1e3:.3f}")
+        out.print(t)
 
 
 def _bench_mtp(cfg, bs, ctx, reps, k, json_out):

@@ -56,7 +56,25 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#ifdef Q38_TRACE
+// The trace variant of a program (trace.cuh, `qwen38gen bench --trace`) notes when thread 0 of a
+// block came out of the wait. No program that runs for results or is gated defines Q38_TRACE.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long& trace_wait_ns() {
+  __shared__ unsigned long long t;
+  return t;
+}
+#endif
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef Q38_TRACE
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) trace_wait_ns() = globaltimer_ns();
+#endif
+}
 
 // 16 bytes written by an earlier kernel of the step (activations), a coherent load that stays
 // after pdl_wait: under programmatic dependent launch that kernel may still be running when this

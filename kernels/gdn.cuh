@@ -317,7 +317,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   const float alog = gate ? A_log[h] : 0.f, dtb = gate ? to_f(dt_bias[h]) : 0.f;
   // Wait for the producers of mz and ba (no-op unless launched with programmatic stream
   // serialization), then for the copies above.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   cp_async_wait<SR ? 1 : 0>();  // the conv's copies (the state's, SR > 0, may still be in flight)
   __syncthreads();
 

@@ -41,6 +41,7 @@ class BenchRow:
     kernel_ms: dict = field(default_factory=dict)    # kind -> ms, each launch timed alone
     graph_ms: dict = field(default_factory=dict)     # kind -> ms, the kind's launches as a graph
     kind_gbs: dict = field(default_factory=dict)     # kind -> its floor bytes / graph_ms
+    trace: dict | None = None    # --trace: trace.Timeline.to_json() of one replay, + "variant_ms"
 
 
 def copy_bandwidth(drv, nbytes: int = 2 << 30, reps: int = 10) -> float:
@@ -167,8 +168,21 @@ def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, floa
     return out
 
 
+def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
+    """The timeline of one decode replay of the lane's trace variant (trace.py)."""
+    from . import trace as T
+
+    cubin, man = build(cfg, lanes, trace=True)
+    with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
+        fill_state(rt, ctx)
+        recs, t = T.record(rt, ctx)
+    d = T.timeline(recs, man, cfg).to_json()
+    d["variant_ms"] = t * 1e3
+    return d
+
+
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
-          progress=None) -> tuple[float, list[BenchRow]]:
+          progress=None, trace: bool = False) -> tuple[float, list[BenchRow]]:
     drv = _drv()
     ctx0 = drv.Device(0).make_context()
     try:
@@ -202,6 +216,10 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
                              graph_ms={k: v * 1e3 for k, v in kg.items()},
                              kind_gbs={k: b / kg[k] / 1e9
                                        for k, b in kind_bytes(cfg, B, ctx).items() if k in kg}))
+        if trace:
+            if progress:
+                progress(f"B={B}: the trace variant, one replay block by block")
+            rows[-1].trace = trace_step(cfg, lanes, ctx)
     return bw, rows
 
 

@@ -76,8 +76,11 @@ def inline_headers(headers: list[str]) -> str:
     return "\n".join(parts)
 
 
-def emit_program(cfg: ModelConfig, lanes: Lanes) -> Program:
-    """Validate, plan and render. Raises UserError before anything is written."""
+def emit_program(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> Program:
+    """Validate, plan and render. Raises UserError before anything is written.
+
+    trace: the trace variant for `bench --trace` (kernels/trace.cuh): the same kernels, each entry
+    point's body timed per block; its manifest's "trace" lists the entries by index."""
     check_model(cfg)
     if lanes.mtp and not cfg.mtp_num_hidden_layers:
         raise UserError(f"lane mtp={lanes.mtp}: model {cfg.name!r} has no MTP layer "
@@ -91,8 +94,12 @@ def emit_program(cfg: ModelConfig, lanes: Lanes) -> Program:
         f"{HEADER_END}\n"
     )
     consts = "\n".join(f"#define {k} {v}" for k, v in plan.constants) + "\n"
-    entries = "\n".join(e.render() for e in plan.entries)
-    source = (header + "\n" + consts + "\n" + inline_headers(plan.headers) + "\n"
+    headers = plan.headers
+    if trace:
+        consts += "#define Q38_TRACE 1\n"
+        headers = headers + ["trace.cuh"]
+    entries = "\n".join(e.render(i if trace else None) for i, e in enumerate(plan.entries))
+    source = (header + "\n" + consts + "\n" + inline_headers(headers) + "\n"
               "// ==== entry points ====\n" + entries)
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -106,6 +113,8 @@ def emit_program(cfg: ModelConfig, lanes: Lanes) -> Program:
         "tensors": plan.tensors,
         "schedule": plan.schedule,
     }
+    if trace:
+        manifest["trace"] = [e.name for e in plan.entries]
     return Program(cfg, lanes, source, manifest)
 
 

@@ -90,6 +90,14 @@ class PdlModule:
         if rc != 0:
             raise RuntimeError(f"{what} failed with CUresult {rc}")
 
+    def symbol(self, name: str) -> tuple[int, int]:
+        """Device address and size of a __device__ variable of the module."""
+        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self.lib.cuModuleGetGlobal_v2.restype = ctypes.c_int
+        self._ok(self.lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), self.mod,
+                                               name.encode()), f"cuModuleGetGlobal({name})")
+        return ptr.value, size.value
+
     def prepare(self, name: str, grid, block, smem: int, args, pdl: bool = True) -> Prepared:
         return Prepared(self.fns[name], tuple(grid), tuple(block), smem, args, pdl)
 

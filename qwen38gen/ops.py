@@ -34,10 +34,14 @@ class Entry:
     # loading only data no kernel of the same graph writes).
     waits: bool = False
 
-    def render(self) -> str:
+    def render(self, trace_kid: int | None = None) -> str:
+        """The entry point's source; trace_kid: in the trace variant of a program (trace.cuh), the
+        body runs inside a TraceScope that records this entry's index."""
         sig = ", ".join(f"{t} {n}" for t, n in self.params)
         args = ", ".join(n for _, n in self.params)
         pre = "q38::pdl_launch_dependents(); " + ("" if self.waits else "q38::pdl_wait(); ")
+        if trace_kid is not None:
+            pre = f"q38::TraceScope q38_trace_scope({trace_kid}); " + pre
         checks = "".join(f'static_assert({a}, "{self.name}: launch shape out of date");\n'
                          for a in self.asserts)
         cl = f" __cluster_dims__({self.cluster}, 1, 1)" if self.cluster > 1 else ""
@@ -450,6 +454,7 @@ def rmsnorm_entry(h: int, tnt: int = 0) -> Entry:
     return Entry(f"q38_rmsnorm_h{h}" + (f"_t{tnt}" if tnt else ""),
                  f"q38::rmsnorm_1p<{h}, {nt}, {tnt}>",
                  ((BF, "x"), (BF, "w"), ("q38::bf16*", "y"), ("float", "eps")), nt,
+                 waits=True,  # rmsnorm_1p requests w, then pdl_wait
                  asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
 
@@ -459,6 +464,7 @@ def rmsnorm_ld_entry(h: int) -> Entry:
     return Entry(f"q38_rmsnormld_h{h}", f"q38::rmsnorm_1p_ld<{h}, {nt}>",
                  ((BF, "x"), ("int", "ldx"), (BF, "w"), ("q38::bf16*", "y"), ("int", "ldy"),
                   ("float", "eps")), nt,
+                 waits=True,  # rmsnorm_1p_ld requests w, then pdl_wait
                  asserts=(f"q38::RmsnormLaunch<{h}, {nt}>::threads == {nt}",))
 
 

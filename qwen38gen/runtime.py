@@ -345,6 +345,13 @@ class Runtime:
             self.exe[phase] = self.graphs.capture(self.stream, lambda: self._launch_all(phase))
         self.graphs.launch(self.exe[phase], self.stream)
 
+    def symbol(self, name: str) -> tuple[int, int]:
+        """Device address and size of a __device__ variable of the program (trace.py)."""
+        if self.pdl is not None:
+            return self.pdl.symbol(name)
+        ptr, size = self.mod.get_global(name)
+        return int(ptr), int(size)
+
     def put(self, name: str, arr: np.ndarray):
         g, shape, dt = self.bufs[name]
         a = _host(np.asarray(arr).astype(dt))

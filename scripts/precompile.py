@@ -1,9 +1,9 @@
 """Compile the programs a device run needs into the gate's cache (QWEN38_CACHE) on the CPU
 machine, so the GPU machine loads them instead of running nvcc (carry the cache folder).
 
-  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py MODEL:B[:mtp] ...
+  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py MODEL:B[:mtp|:t] ...
   e.g. qwen3.8-27b:1 qwen3.8-27b:16 tiny:64 tiny:16:1   (pt: `qwen38gen bench` uses 1 for the
-  27B; check uses QWEN38_PT or 16)
+  27B; check uses QWEN38_PT or 16); MODEL:B:t is the trace variant (`bench --trace`)
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from qwen38gen.lanes import Lanes  # noqa: E402
 
 def one(spec: str) -> str:
     model, b, *rest = spec.split(":")
-    mtp = int(rest[0]) if rest else 0
+    trace = rest == ["t"]
+    mtp = int(rest[0]) if rest and not trace else 0
     lanes = Lanes.make(int(b), pt=1 if model == "qwen3.8-27b" and not mtp else None, mtp=mtp)
-    cubin, _ = build(PRESETS[model], lanes)
+    cubin, _ = build(PRESETS[model], lanes, trace=trace)
     return f"{spec}: {cubin}"
 
 
