@@ -2,7 +2,7 @@
 
 PyCUDA launches cannot carry launch attributes, so with PDL on the step's kernels are loaded here
 instead, straight from the cubin, and launched with
-CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (or without it: `Prepared(..., pdl=False)`,
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (or without it: `launch(..., pdl=False)`,
 for the per-kernel timing pass).
 Captured into a graph, consecutive kernels then get programmatic edges: a kernel's blocks may
 start while the previous kernel drains, run up to their `griddepcontrol.wait` (the GEMV streams
@@ -52,16 +52,17 @@ def _c(v):
 
 
 class Prepared:
-    """One launch with its argument storage kept alive; pdl=False: a plain launch (no attribute)."""
+    """One launch with its argument storage kept alive, and two launch configs over the same
+    arguments: with the PDL attribute and without it (the per-kernel timing pass)."""
 
-    def __init__(self, fn, grid, block, smem, args, pdl: bool = True):
+    def __init__(self, fn, grid, block, smem, args):
         self.fn = fn
         self.vals = [_c(a) for a in args]
         self.params = (ctypes.c_void_p * max(len(self.vals), 1))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.vals])
         self.attr = _Attr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        self.cfg = _Config(*grid, *block, smem, None, ctypes.pointer(self.attr) if pdl else None,
-                           1 if pdl else 0)
+        self.cfg = {True: _Config(*grid, *block, smem, None, ctypes.pointer(self.attr), 1),
+                    False: _Config(*grid, *block, smem, None, None, 0)}
 
 
 class PdlModule:
@@ -98,12 +99,14 @@ class PdlModule:
                                                name.encode()), f"cuModuleGetGlobal({name})")
         return ptr.value, size.value
 
-    def prepare(self, name: str, grid, block, smem: int, args, pdl: bool = True) -> Prepared:
-        return Prepared(self.fns[name], tuple(grid), tuple(block), smem, args, pdl)
+    def prepare(self, name: str, grid, block, smem: int, args) -> Prepared:
+        return Prepared(self.fns[name], tuple(grid), tuple(block), smem, args)
 
-    def launch(self, p: Prepared, stream_handle: int):
-        p.cfg.stream = ctypes.c_void_p(stream_handle)
-        self._ok(self.lib.cuLaunchKernelEx(ctypes.byref(p.cfg), p.fn, p.params, None),
+    def launch(self, p: Prepared, stream_handle: int, pdl: bool = True):
+        """Enqueue p on the stream, with the PDL attribute or (pdl=False) without it."""
+        cfg = p.cfg[pdl]
+        cfg.stream = ctypes.c_void_p(stream_handle)
+        self._ok(self.lib.cuLaunchKernelEx(ctypes.byref(cfg), p.fn, p.params, None),
                  "cuLaunchKernelEx")
 
     def close(self):

@@ -96,8 +96,7 @@ class Launch:
     block: tuple
     smem: int
     args: list
-    pdl: object = None   # launch.Prepared when the step is launched with PDL (fn is None then)
-    plain: object = None  # the same without the PDL attribute
+    prep: object = None   # launch.Prepared when the step is launched with PDL (fn is None then)
 
 
 def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray, np.ndarray]:
@@ -315,8 +314,7 @@ class Runtime:
             L = Launch(self.fns.get(s["k"]), tuple(s["grid"]), tuple(k["block"]), k["smem"],
                        [self._arg(a) for a in s["args"]])
             if self.pdl is not None:
-                L.pdl = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args)
-                L.plain = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args, pdl=False)
+                L.prep = self.pdl.prepare(s["k"], L.grid, L.block, L.smem, L.args)
             out.append(L)
         return out
 
@@ -331,8 +329,8 @@ class Runtime:
 
     def launch_one(self, L: Launch, pdl: bool = True):
         """Enqueue one launch; pdl=False: without the PDL attribute even when it is on."""
-        if L.pdl is not None:
-            self.pdl.launch(L.pdl if pdl else L.plain, self.stream.handle)
+        if L.prep is not None:
+            self.pdl.launch(L.prep, self.stream.handle, pdl)
         else:
             L.fn(*L.args, grid=L.grid, block=L.block, shared=L.smem, stream=self.stream)
 
