@@ -505,17 +505,20 @@ GDN_NS = 1
 # overrides the rule below with that many rows in every decode step's GDN (0: none).
 GDN_SR = os.environ.get("QWEN38_GDN_SR")
 GDN_SR_ROWS = 12      # 4 of 16 rows in registers: 79 registers, three blocks of 256 per SM
-GDN_SR_MIN_BATCH = 32
+GDN_SR_MIN_BATCH = 20
 
 
 def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> int:
     """SR of the GDN instance: state rows per thread kept in shared memory (0: all in
-    registers). The decode step of the plain program at B >= 32 keeps 12 of its 16 there, three
+    registers). The decode step of the plain program at B >= 20 keeps 12 of its 16 there, three
     items per SM instead of two: the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17 at
-    B = 64; at B = 16 it lost 8 % (the step, not the GDN alone: 1.71 -> 1.77 ms) and at B = 1 3 %
-    (bench/2026-12-03-h200-v12-bench-sr*.json). The B = 16 loss is an overlap effect of
+    B = 64 (bench/2026-12-03-h200-v12-bench-sr*.json); version 15 (bench/NOTES.md): 11.84 ->
+    11.65 at B = 20, 12.30 -> 11.95 at B = 24, 12.87 -> 12.53 at B = 28. Below it lost: at
+    B = 16 8.38 -> 9.01 ms (the step, not the GDN alone: 1.71 -> 1.75 ms), at B = 12 7.85 ->
+    8.07, B = 8 6.10 -> 6.85, B = 4 5.47 -> 5.73. The B = 16 loss is an overlap effect of
     programmatic dependent launch: without PDL SR = 12 costs that step 0.04 ms, with it 0.7 ms
-    (bench/NOTES.md, version 13)."""
+    (version 13); it is not the out projection's cluster split (9.35 against 8.59 ms with
+    QWEN38_GEMV_ZS=1, version 15)."""
     if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
         return 0
     if GDN_SR:

@@ -119,6 +119,15 @@ G64 = {
              ("w", 2, 1, 2, 4, 2, 1), ("w", 1, 1, 2, 2, 3, 1), ("w", 1, 1, 3, 8, 3, 1),
              ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 4, 8, 2, 1)]),
 }
+# GEMV_SWEEP=g1 (version 15): the multi-wave weights at 1 row with more blocks per SM by a
+# register cap (MB, the 8th field): gate_up (1088 blocks of 70 registers on 3 per SM, 2.75 waves)
+# and the in projections (1030 / 896 blocks of 63 registers on 4 per SM).
+G1 = {
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 0, 0, 0, 1, 5), ("b", 1, 2, 0, 0, 0, 1, 6),
+            ("b", 1, 3, 0, 0, 0, 1, 5), ("b", 2, 3, 0, 1), ("b", 2, 2, 0, 1),
+            ("b", 2, 2, 0, 1, 0, 1, 4), ("b", 2, 2, 0, 0, 0, 1, 4), ("b", 2, 3, 0, 0, 0, 1, 4),
+            ("b", 1, 2, 1, 0), ("b", 1, 2, 1, 0, 0, 1, 5)]),
+}
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 if os.environ.get("GEMV_SWEEP") == "zs32":
@@ -137,6 +146,8 @@ elif os.environ.get("GEMV_SWEEP") == "g16":
     SWEEP = G16
 elif os.environ.get("GEMV_SWEEP") == "g64":
     SWEEP = G64
+elif os.environ.get("GEMV_SWEEP") == "g1":
+    SWEEP = G1
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
