@@ -25,31 +25,42 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+struct PdlWait {
+  __device__ __forceinline__ void operator()() const { pdl_wait(); }
+};
 
-// Unit u of a matrix of n16 uint4 (steps past the end are skipped): its first step is requested
-// before `wait` runs (the GEMV's weights before its griddepcontrol.wait), the rest after.
-template <int S, class Wait>
+// Unit u of a matrix of n16 uint4 (steps past the end are skipped): its first D steps are
+// requested before `wait` runs (the GEMV's first weights before its griddepcontrol.wait), then
+// step s + D is requested before step s is used: D steps in flight (gemv_q4's ring of ST = D + 1
+// stages). C > 0: each step's words go through a chain of C dependent FMAs per thread, a
+// stand-in for a GEMV group's dependent mma chain (C = 64: ~256 cycles).
+template <int S, class Wait, int C = 0, int D = 1>
 __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, long u, Wait wait) {
   const long base = u * (long)S * STEP_U4 + threadIdx.x;
-  uint4 a[2], b[2];
+  uint4 r[D + 1][2];
   uint32_t acc = 0;
+  auto request = [&](int s) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const long i = base + h * THREADS;
-    a[h] = i < n16 ? ld_stream(m + i) : uint4{0, 0, 0, 0};
-  }
+    for (int h = 0; h < 2; ++h) {
+      const long i = base + (long)s * STEP_U4 + h * THREADS;
+      r[s % (D + 1)][h] = i < n16 ? ld_stream(m + i) : uint4{0, 0, 0, 0};
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < D && s < S; ++s) request(s);
   wait();
 #pragma unroll
-  for (int s = 1; s <= S; ++s) {
-    if (s < S) {
+  for (int s = 0; s < S; ++s) {
+    if (s + D < S) request(s + D);
+    const uint32_t x = fold(r[s % (D + 1)][0]) ^ fold(r[s % (D + 1)][1]);
+    if constexpr (C > 0) {
+      float f = __uint_as_float((x & 0x007fffffu) | 0x3f800000u);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long i = base + (long)s * STEP_U4 + h * THREADS;
-        b[h] = i < n16 ? ld_stream(m + i) : uint4{0, 0, 0, 0};
-      }
+      for (int c = 0; c < C; ++c) f = fmaf(f, 0.999f, 0.001f);
+      acc ^= __float_as_uint(f);
+    } else {
+      acc ^= x;
     }
-    acc ^= fold(a[0]) ^ fold(a[1]);
-    a[0] = b[0], a[1] = b[1];
   }
   return acc;
 }
@@ -58,10 +69,10 @@ __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, 
 
 // One launch per matrix: one unit per block (the program's structure), under PDL when launched
 // with the attribute.
-template <int S>
+template <int S, int C = 0, int D = 1>
 __device__ __forceinline__ void sb_per_launch(const uint4* m, long n16, uint32_t never, uint32_t* sink) {
   sb::pdl_launch();
-  const uint32_t acc = sb::unit<S>(m, n16, blockIdx.x, [] { sb::pdl_wait(); });
+  const uint32_t acc = sb::unit<S, sb::PdlWait, C, D>(m, n16, blockIdx.x, sb::PdlWait{});
   if (acc == never) sink[blockIdx.x] = acc;
 }
 
@@ -115,3 +126,111 @@ extern "C" __global__ void __launch_bounds__(256) sb_persist5_pf(const uint4* w,
                                                                  uint32_t never, uint32_t* sink, unsigned* bar) {
   sb_persistent<5, 1>(w, off, n16, nm, never, sink, bar);
 }
+// The per-launch unit with a synthetic compute chain per step (C FMAs) and D steps in flight.
+#define SB_LAUNCH_CD(C, D)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      sb_launch5_c##C##_d##D(const uint4* m, long n16, uint32_t never, uint32_t* sink) {        \
+    sb_per_launch<5, C, D>(m, n16, never, sink);                                                \
+  }
+SB_LAUNCH_CD(64, 1)
+SB_LAUNCH_CD(64, 2)
+SB_LAUNCH_CD(64, 4)
+SB_LAUNCH_CD(128, 1)
+SB_LAUNCH_CD(128, 2)
+SB_LAUNCH_CD(128, 4)
+SB_LAUNCH_CD(0, 2)
+
+// Warp-specialized, one launch per matrix: grid = min(units, SMs x blocks per SM) blocks of one
+// producer warp and 8 consumer warps. The producer walks the block's units (blockIdx.x, + grid,
+// ...) step by step, copying each 8 KiB step by cp.async into a ring of R stages of shared
+// memory (full[s]: its 32 lanes' copies landed; empty[s]: the 8 consumer warps have read the
+// stage), R steps ahead and across unit boundaries, the first R before griddepcontrol.wait. The
+// consumers read a stage, release it, then run the C-FMA chain on what they read. So the loads
+// never wait behind the compute of the same warps, as they do in sb_per_launch.
+namespace sb {
+__device__ __forceinline__ void mb_init(uint32_t a, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t a) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mb_arrive_cp(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t a, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(a),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+}  // namespace sb
+
+template <int S, int C, int R>
+__device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, uint32_t* sink) {
+  extern __shared__ __align__(128) uint4 ring[];  // R x STEP_U4 uint4, then 2R mbarriers
+  sb::pdl_launch();
+  const long units = (n16 + (long)S * sb::STEP_U4 - 1) / ((long)S * sb::STEP_U4);
+  const long mine = units > (long)blockIdx.x ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const long steps = mine * S;  // this block's steps, in order
+  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+  const uint32_t bar_s = ring_s + R * sb::STEP_U4 * 16;  // full[R] then empty[R]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < R; ++i) {
+      sb::mb_init(bar_s + 8 * i, 32);
+      sb::mb_init(bar_s + 8 * (R + i), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t acc = 0;
+  if (warp == 8) {  // the producer
+    for (long k = 0; k < steps; ++k) {
+      const int st = (int)(k % R);
+      if (k == R) sb::pdl_wait();
+      if (k >= R) sb::mb_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
+      const long u = blockIdx.x + (k / S) * gridDim.x;
+      const long base = (u * S + k % S) * sb::STEP_U4;
+#pragma unroll
+      for (int c = 0; c < sb::STEP_U4 / 32; ++c) {
+        const long i = base + c * 32 + lane;
+        sb::cp16(ring_s + (uint32_t)(st * sb::STEP_U4 + c * 32 + lane) * 16, m + (i < n16 ? i : 0), i < n16);
+      }
+      sb::mb_arrive_cp(bar_s + 8 * st);
+    }
+    if (steps <= R) sb::pdl_wait();
+  } else {  // the consumers: thread t uses uint4 t and t + 256 of every step
+    sb::pdl_wait();
+    for (long k = 0; k < steps; ++k) {
+      const int st = (int)(k % R);
+      sb::mb_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
+      const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
+      __syncwarp();
+      if (lane == 0) sb::mb_arrive(bar_s + 8 * (R + st));
+      const uint32_t x = sb::fold(a) ^ sb::fold(b);
+      if constexpr (C > 0) {
+        float f = __uint_as_float((x & 0x007fffffu) | 0x3f800000u);
+#pragma unroll
+        for (int c = 0; c < C; ++c) f = fmaf(f, 0.999f, 0.001f);
+        acc ^= __float_as_uint(f);
+      } else {
+        acc ^= x;
+      }
+    }
+  }
+  if (acc == never) sink[blockIdx.x] = acc;
+}
+
+#define SB_WS(C, R)                                                                               \
+  extern "C" __global__ void __launch_bounds__(288)                                               \
+      sb_ws5_c##C##_r##R(const uint4* m, long n16, uint32_t never, uint32_t* sink) {              \
+    sb_ws<5, C, R>(m, n16, never, sink);                                                          \
+  }
+SB_WS(0, 8)
+SB_WS(128, 8)
+SB_WS(128, 16)
+SB_WS(64, 8)

@@ -6,6 +6,11 @@ layer, then the lm_head; int4 words and bf16 scales together), read
   launch      one launch per matrix, a CUDA graph of 257 with programmatic dependent launch
               (each block requests its first step before griddepcontrol.wait, as gemv_q4 does),
   launch-np   the same without PDL,
+  launch cC dD  the same with a chain of C dependent FMAs per 8 KiB step and thread (a stand-in
+              for a GEMV group's mma chain) and D steps in flight (gemv_q4's ST - 1),
+  ws cC rR    one launch per matrix of persistent blocks (at most SMs x blocks per SM), each a
+              producer warp copying its units' steps by cp.async into an R-stage ring and 8
+              consumer warps running the C-FMA chain on them (the loads never wait for compute),
   persist     one persistent grid with a barrier of the whole grid between matrices,
   persist-pf  the same, each block requesting its next unit's first step before the barrier,
 
@@ -77,16 +82,22 @@ def run(cubin: str, reps: int = 10):
     bar = drv.mem_alloc(4)
     off16 = drv.to_device(np.asarray(offs // 16, np.int64))
     n16 = drv.to_device(np.asarray([s // 16 for s in sizes], np.int64))
-    names = ("sb_launch5", "sb_persist5", "sb_persist5_pf")
-    mod = PdlModule(Path(cubin).read_bytes(), {n: {"smem": smem} for n in names})
+    cds = [(0, 2), (64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4)]
+    wss = [(0, 8), (64, 8), (128, 8), (128, 16)]
+    names = ("sb_launch5", "sb_persist5", "sb_persist5_pf") + tuple(
+        f"sb_launch5_c{c}_d{d}" for c, d in cds)
+    ws_smem = {r: r * 8192 + 16 * r for _, r in wss}
+    kernels = {n: {"smem": smem} for n in names}
+    kernels.update({f"sb_ws5_c{c}_r{r}": {"smem": ws_smem[r]} for c, r in wss})
+    mod = PdlModule(Path(cubin).read_bytes(), kernels)
     s = drv.Stream()
     never = np.int32(0x13572468)
 
     def grid_of(nbytes: int) -> int:
         return -(-nbytes // UNIT)
 
-    def per_launch(pdl: bool):
-        return [mod.prepare("sb_launch5", (grid_of(sz), 1, 1), (256, 1, 1), smem,
+    def per_launch(pdl: bool, name: str = "sb_launch5"):
+        return [mod.prepare(name, (grid_of(sz), 1, 1), (256, 1, 1), smem,
                             [np.uintp(int(w) + int(o)), np.uint64(sz // 16), never, np.uintp(int(sink))])
                 for o, sz in zip(offs, sizes)], pdl
 
@@ -112,6 +123,18 @@ def run(cubin: str, reps: int = 10):
         preps, _ = per_launch(pdl)
         exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=pdl) for p in preps])
         rows.append((label, timed(lambda: graphs.launch(exe, s))))
+    for c, d in cds:   # a synthetic chain of c dependent FMAs per step, d steps in flight
+        preps, _ = per_launch(True, f"sb_launch5_c{c}_d{d}")
+        exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=True) for p in preps])
+        rows.append((f"launch c{c} d{d}", timed(lambda: graphs.launch(exe, s))))
+    for c, r in wss:   # a producer warp streaming an r-stage ring, 8 consumer warps (c FMAs)
+        bps = min(7, (228 * 1024) // (ws_smem[r] + 1024))
+        preps = [mod.prepare(f"sb_ws5_c{c}_r{r}", (min(grid_of(sz), SMS * bps), 1, 1), (288, 1, 1),
+                             ws_smem[r], [np.uintp(int(w) + int(o)), np.uint64(sz // 16), never,
+                                          np.uintp(int(sink))])
+                 for o, sz in zip(offs, sizes)]
+        exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=True) for p in preps])
+        rows.append((f"ws c{c} r{r} ({bps}/SM)", timed(lambda: graphs.launch(exe, s))))
     for label, name in (("persist", "sb_persist5"), ("persist-pf", "sb_persist5_pf")):
         p = mod.prepare(name, (SMS * blocks_per_sm, 1, 1), (256, 1, 1), smem,
                         [np.uintp(int(w)), np.uintp(int(off16)), np.uintp(int(n16)),
@@ -121,7 +144,7 @@ def run(cubin: str, reps: int = 10):
     print(f"{len(sizes)} matrices, {total / 1e9:.2f} GB, {blocks_per_sm} blocks per SM; copy "
           f"{bw / 1e12:.3f} TB/s in this run ({total / bw * 1e3:.3f} ms for these bytes)")
     for label, t in rows:
-        print(f"  {label:11s} {t * 1e3:8.3f} ms  {total / t / 1e12:6.3f} TB/s  {100 * total / bw / t:5.1f} % of copy")
+        print(f"  {label:18s} {t * 1e3:8.3f} ms  {total / t / 1e12:6.3f} TB/s  {100 * total / bw / t:5.1f} % of copy")
     return rows
 
 
