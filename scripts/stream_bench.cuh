@@ -1,8 +1,9 @@
 // stream_bench.cuh: the weight stream of a decode step without its arithmetic, for
 // scripts/stream_bench.py: how fast 257 matrices of the 27B step's sizes can be read in order,
 // launch by launch (as the program does) or by one persistent grid with a barrier between them.
-// Not part of the program. Every kernel reads 16-byte words with the GEMV's streaming load and
-// folds them into one xor per thread (stored only if it equals `never`, so nothing is elided).
+// Not part of the program. Every kernel reads 16-byte words with the GEMV's streaming load
+// (q38::ld_stream16) and folds them into one xor per thread (stored only if it equals `never`,
+// so nothing is elided); PDL through common.cuh's pdl_launch_dependents / pdl_wait.
 //
 // A unit is what one gemv_q4 block of the B = 1 step reads: S steps of 256 threads x 2 uint4
 // (8 KiB a step; S = 5 is gate_up's 40 KiB per m-tile). Steps are read with one step in flight
@@ -10,30 +11,35 @@
 #pragma once
 #include <stdint.h>
 
+#include "gemv_q4.cuh"
+
 namespace sb {
 
 constexpr int THREADS = 256;
 constexpr int STEP_U4 = THREADS * 2;  // uint4 per step
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 struct PdlWait {
-  __device__ __forceinline__ void operator()() const { pdl_wait(); }
+  __device__ __forceinline__ void operator()() const { q38::pdl_wait(); }
 };
+// A step's folded words x through the stand-in arithmetic: C > 0, a chain of C dependent FMAs
+// (C = 64: ~256 cycles); C = 0, nothing.
+template <int C>
+__device__ __forceinline__ uint32_t work(uint32_t x) {
+  if constexpr (C > 0) {
+    float f = __uint_as_float((x & 0x007fffffu) | 0x3f800000u);
+#pragma unroll
+    for (int c = 0; c < C; ++c) f = fmaf(f, 0.999f, 0.001f);
+    return __float_as_uint(f);
+  } else {
+    return x;
+  }
+}
 
 // Unit u of a matrix of n16 uint4 (steps past the end are skipped): its first D steps are
 // requested before `wait` runs (the GEMV's first weights before its griddepcontrol.wait), then
 // step s + D is requested before step s is used: D steps in flight (gemv_q4's ring of ST = D + 1
-// stages). C > 0: each step's words go through a chain of C dependent FMAs per thread, a
-// stand-in for a GEMV group's dependent mma chain (C = 64: ~256 cycles).
+// stages). Each step's words then go through work<C>, the stand-in for a GEMV group's arithmetic.
 template <int S, class Wait, int C = 0, int D = 1>
 __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, long u, Wait wait) {
   const long base = u * (long)S * STEP_U4 + threadIdx.x;
@@ -43,7 +49,7 @@ __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const long i = base + (long)s * STEP_U4 + h * THREADS;
-      r[s % (D + 1)][h] = i < n16 ? ld_stream(m + i) : uint4{0, 0, 0, 0};
+      r[s % (D + 1)][h] = i < n16 ? q38::ld_stream16(m + i) : uint4{0, 0, 0, 0};
     }
   };
 #pragma unroll
@@ -52,15 +58,7 @@ __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, 
 #pragma unroll
   for (int s = 0; s < S; ++s) {
     if (s + D < S) request(s + D);
-    const uint32_t x = fold(r[s % (D + 1)][0]) ^ fold(r[s % (D + 1)][1]);
-    if constexpr (C > 0) {
-      float f = __uint_as_float((x & 0x007fffffu) | 0x3f800000u);
-#pragma unroll
-      for (int c = 0; c < C; ++c) f = fmaf(f, 0.999f, 0.001f);
-      acc ^= __float_as_uint(f);
-    } else {
-      acc ^= x;
-    }
+    acc ^= work<C>(fold(r[s % (D + 1)][0]) ^ fold(r[s % (D + 1)][1]));
   }
   return acc;
 }
@@ -71,7 +69,7 @@ __device__ __forceinline__ uint32_t unit(const uint4* __restrict__ m, long n16, 
 // with the attribute.
 template <int S, int C = 0, int D = 1>
 __device__ __forceinline__ void sb_per_launch(const uint4* m, long n16, uint32_t never, uint32_t* sink) {
-  sb::pdl_launch();
+  q38::pdl_launch_dependents();
   const uint32_t acc = sb::unit<S, sb::PdlWait, C, D>(m, n16, blockIdx.x, sb::PdlWait{});
   if (acc == never) sink[blockIdx.x] = acc;
 }
@@ -172,7 +170,7 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
 template <int S, int C, int R>
 __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, uint32_t* sink) {
   extern __shared__ __align__(128) uint4 ring[];  // R x STEP_U4 uint4, then 2R mbarriers
-  sb::pdl_launch();
+  q38::pdl_launch_dependents();
   const long units = (n16 + (long)S * sb::STEP_U4 - 1) / ((long)S * sb::STEP_U4);
   const long mine = units > (long)blockIdx.x ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const long steps = mine * S;  // this block's steps, in order
@@ -191,7 +189,7 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
   if (warp == 8) {  // the producer
     for (long k = 0; k < steps; ++k) {
       const int st = (int)(k % R);
-      if (k == R) sb::pdl_wait();
+      if (k == R) q38::pdl_wait();
       if (k >= R) sb::mb_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
       const long u = blockIdx.x + (k / S) * gridDim.x;
       const long base = (u * S + k % S) * sb::STEP_U4;
@@ -202,24 +200,16 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
       }
       sb::mb_arrive_cp(bar_s + 8 * st);
     }
-    if (steps <= R) sb::pdl_wait();
+    if (steps <= R) q38::pdl_wait();
   } else {  // the consumers: thread t uses uint4 t and t + 256 of every step
-    sb::pdl_wait();
+    q38::pdl_wait();
     for (long k = 0; k < steps; ++k) {
       const int st = (int)(k % R);
       sb::mb_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
       const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
       __syncwarp();
       if (lane == 0) sb::mb_arrive(bar_s + 8 * (R + st));
-      const uint32_t x = sb::fold(a) ^ sb::fold(b);
-      if constexpr (C > 0) {
-        float f = __uint_as_float((x & 0x007fffffu) | 0x3f800000u);
-#pragma unroll
-        for (int c = 0; c < C; ++c) f = fmaf(f, 0.999f, 0.001f);
-        acc ^= __float_as_uint(f);
-      } else {
-        acc ^= x;
-      }
+      acc ^= sb::work<C>(sb::fold(a) ^ sb::fold(b));
     }
   }
   if (acc == never) sink[blockIdx.x] = acc;

@@ -96,10 +96,10 @@ def run(cubin: str, reps: int = 10):
     def grid_of(nbytes: int) -> int:
         return -(-nbytes // UNIT)
 
-    def per_launch(pdl: bool, name: str = "sb_launch5"):
+    def per_launch(name: str = "sb_launch5"):
         return [mod.prepare(name, (grid_of(sz), 1, 1), (256, 1, 1), smem,
                             [np.uintp(int(w) + int(o)), np.uint64(sz // 16), never, np.uintp(int(sink))])
-                for o, sz in zip(offs, sizes)], pdl
+                for o, sz in zip(offs, sizes)]
 
     def timed(fn) -> float:
         times = []
@@ -120,11 +120,11 @@ def run(cubin: str, reps: int = 10):
                        [np.uintp(int(w)), np.uint64(total // 16), never, np.uintp(int(sink))])
     rows.append(("flat", timed(lambda: mod.launch(flat, s.handle, pdl=False))))
     for label, pdl in (("launch", True), ("launch-np", False)):
-        preps, _ = per_launch(pdl)
+        preps = per_launch()
         exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=pdl) for p in preps])
         rows.append((label, timed(lambda: graphs.launch(exe, s))))
     for c, d in cds:   # a synthetic chain of c dependent FMAs per step, d steps in flight
-        preps, _ = per_launch(True, f"sb_launch5_c{c}_d{d}")
+        preps = per_launch(f"sb_launch5_c{c}_d{d}")
         exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=True) for p in preps])
         rows.append((f"launch c{c} d{d}", timed(lambda: graphs.launch(exe, s))))
     for c, r in wss:   # a producer warp streaming an r-stage ring, 8 consumer warps (c FMAs)
