@@ -7,7 +7,8 @@
 // sub-partition (bench/NOTES.md, version 3). Here the four warps of a warpgroup own 64 output
 // rows (one m-tile each) and one wgmma.m64nNk16 instruction multiplies their A fragments, in
 // registers, by the whole activation tile (N = 8*NT rows), read by the tensor cores from shared
-// memory. WG warpgroups of a block own different rows and share that tile.
+// memory (NT = 1, 2, 3, 4 or 8: the 8- to 64-row tiles, 24 rows since version 16). WG warpgroups
+// of a block own different rows and share that tile.
 //
 // The arithmetic is gemv_q4's: the K/128 groups cut into the same KS parts; within a part, per
 // group, 8 k-steps into an unscaled partial that starts at zero (scale-d = 0 on the first),
@@ -103,6 +104,16 @@ struct Wgmma<2> {
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+  }
+};
+template <>
+struct Wgmma<3> {
+  static __device__ __forceinline__ void mma(float (&d)[3][4], const uint32_t (&a)[4], uint64_t desc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, %16, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
   }
 };

@@ -22,7 +22,7 @@ DEFAULT_ARCH = "sm_90a"
 # The supported set. Integer ranges are inclusive.
 SUPPORTED = {
     "batch": range(1, 257),
-    "btg": (8, 16, 32, 64),
+    "btg": (8, 16, 24, 32, 64),
     "pt": range(1, 129),
     "q4": (True,),
     "mtp": (0, 1, 2, 3, 4),
@@ -51,9 +51,9 @@ def _describe(allowed) -> str:
 
 
 def default_btg(batch: int) -> int:
-    """The smallest supported batch tile that holds min(batch, 64) sequences: at 64 rows most
-    GEMVs are gemm_q4, whose warps share one activation tile, so one pass over the weights serves
-    up to 64 sequences (ops.gemm_config)."""
+    """The smallest supported batch tile that holds min(batch, 64) sequences: one pass over the
+    weights serves up to 64 sequences (wgmma_q4 or gemm_q4 at 64 rows, ops.wgmma_config). The
+    24-row tile (version 16) serves B = 17 ... 24 for less than the 32-row one."""
     want = min(batch, 64)
     return next(t for t in SUPPORTED["btg"] if t >= want)
 

@@ -326,6 +326,12 @@ WGMMA_TABLE: dict[tuple[int, str], tuple[int, int, int, int]] = {
 # 32 rows (54.0 against 68.3 with PP) and the 32-row lm_head (289.7 at four blocks per SM against
 # ~320). At 16 rows gemv_q4 stays ahead on every shape but the lm_head (221 against 241 us, a
 # single launch: not taken). Used where the caller's producer can write the order.
+# 24 rows (version 16, m64n24k16; bench/2026-12-04-h200-v16-gemv-sweep-t24.txt, us under PDL):
+# gate_up 55.6 at ZS 4 and four blocks per SM (62.9 with the 32-row schedule, 53.7 at 32 rows),
+# the in projections 24.9 / 24.4 (PP), out 13.7 and down 26.5 (split as at 32 rows: 15.6 and
+# 30.6 there), the lm_head 287.0; the step's GEMVs 8.00 ms against 8.34 in 32-row tiles and
+# 10.39 in two 16-row tiles of gemv_q4 (whose 24-row instances lose: gate_up 63.6 us at one
+# block per SM, 147 registers). In the step B = 24 took 11.58 against 11.96 ms in 32-row tiles.
 WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
     (64, "gate_up"): (1, 1, 2, 3, 0),
     (64, "in"): (1, 1, 4, 2, 0),
@@ -337,6 +343,11 @@ WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
     (32, "lm_head"): (1, 1, 2, 4, 0),
     (64, "narrow"): (1, 1, 2, 3, 0),
     (32, "narrow"): (1, 1, 2, 3, 0),
+    (24, "gate_up"): (1, 1, 2, 4, 0),
+    (24, "in"): (1, 1, 4, 2, 1),
+    (24, "long"): (1, 1, 2, 3, 0),
+    (24, "lm_head"): (1, 1, 3, 3, 0),
+    (24, "narrow"): (1, 1, 2, 3, 0),
 }
 # The out projection ("narrow": 5120 rows over K = 6144) in tile order, version 13: its input
 # comes from the GDN and the attention kernels, which write the tile order since this version
@@ -344,7 +355,7 @@ WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
 # PDL): 32 rows 15.8 at ZS 8 against gemv_q4's 20.2; 64 rows 25.3 at ZS 4 (27.0 at ZS 8, the
 # split gemm_split gives) against 28.8 for gemv_q4 in two 32-row tiles. ZS where it is not
 # gemm_split's:
-WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4}
+WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4, (24, "gate_up"): 4}
 # QWEN38_OUT_XT=0 keeps o in rows (the out projection on gemv_q4, as before version 13): A/B.
 OUT_XT = os.environ.get("QWEN38_OUT_XT", "1") != "0"
 

@@ -128,6 +128,27 @@ G1 = {
             ("b", 2, 2, 0, 1, 0, 1, 4), ("b", 2, 2, 0, 0, 0, 1, 4), ("b", 2, 3, 0, 0, 0, 1, 4),
             ("b", 1, 2, 1, 0), ("b", 1, 2, 1, 0, 0, 1, 5)]),
 }
+# GEMV_SWEEP=t24 (version 16): 24 activation rows (B = 17 ... 24), a 24-row tile (NT = 3) on
+# gemv_q4 and on wgmma_q4 (m64n24k16) against what those batches ran before: the 32-row tile
+# (NT = 4, the program's version-15 schedules) and two 16-row tiles (NT = 2, grid.y = 2).
+T24 = {
+    3: (24, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0, 0, 2),
+             ("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 1, 4, 1),
+             ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 3, 1, 1), ("w", 1, 1, 2, 8, 3, 1),
+             ("w", 1, 1, 2, 4, 4, 1)]),
+    4: (24, [("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 1, 3, 1),
+             ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 2, 1, 4, 1)]),
+    2: (24, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0)]),
+}
+# GEMV_SWEEP=waves (version 16): is the 64-row gate_up (544 row blocks on 396 slots at three
+# blocks per SM: 1.37 waves) paying for its partial second wave? The same weight shape cut to
+# 396 row blocks (one full wave), 544 (the 27B) and 792 (two full waves), unsplit and split.
+WAVES = {
+    8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 2, 2, 3, 1), ("w", 1, 1, 2, 4, 3, 1),
+             ("w", 1, 1, 2, 1, 4, 1)]),
+}
+WAVE_SHAPES = [("gu396", 396 * 64, 5120, 64), ("gate_up", 34816, 5120, 64),
+               ("gu792", 792 * 64, 5120, 64)]
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 if os.environ.get("GEMV_SWEEP") == "zs32":
@@ -148,6 +169,10 @@ elif os.environ.get("GEMV_SWEEP") == "g64":
     SWEEP = G64
 elif os.environ.get("GEMV_SWEEP") == "g1":
     SWEEP = G1
+elif os.environ.get("GEMV_SWEEP") == "t24":
+    SWEEP = T24
+elif os.environ.get("GEMV_SWEEP") == "waves":
+    SWEEP, SHAPES = WAVES, WAVE_SHAPES
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8

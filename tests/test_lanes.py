@@ -16,7 +16,8 @@ def test_defaults_and_name(monkeypatch):
         16, 16, DEFAULT_PT, True, 0, "sm_90a", "int4")
     assert lane_name(ln) == f"b16-btg16-pt{DEFAULT_PT}-q4-mtp0-sm90a-lmint4"
     assert Lanes.make(16, arch="sm_90").name == f"b16-btg16-pt{DEFAULT_PT}-q4-mtp0-sm90-lmint4"
-    assert Lanes.make(1).btg == 8 and Lanes.make(17).btg == 32 and Lanes.make(64).btg == 64 \
+    assert Lanes.make(1).btg == 8 and Lanes.make(17).btg == 24 and Lanes.make(24).btg == 24 \
+        and Lanes.make(25).btg == 32 and Lanes.make(64).btg == 64 \
         and Lanes.make(200).btg == 64
 
 
@@ -31,7 +32,7 @@ def test_pt_from_environment(monkeypatch):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(batch=0), r"lane batch=0 is not supported; supported batch: 1\.\.256"),
-    (dict(batch=4, btg=12), r"lane btg=12 is not supported; supported btg: 8, 16, 32, 64"),
+    (dict(batch=4, btg=12), r"lane btg=12 is not supported; supported btg: 8, 16, 24, 32, 64"),
     (dict(batch=3, btg=32), r"btg=32 is larger than batch=3 needs; .* supported btg are 8"),
     (dict(batch=4, arch="sm_80"), r"lane arch='sm_80' is not supported; supported arch: sm_90a, sm_90"),
     (dict(batch=4, pt=0), r"lane pt=0 is not supported; supported pt: 1\.\.128"),

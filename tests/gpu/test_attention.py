@@ -374,7 +374,7 @@ def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("B,PT", [(3, 1), (17, 1), (3, 4), (17, 4)])
-@pytest.mark.parametrize("tnt", [4, 8])
+@pytest.mark.parametrize("tnt", [3, 4, 8])
 def test_attention_output_in_tile_order(cuda_ctx, geom, B, PT, tnt):
     """attn_tc with TNT > 0 (version 13: the out projection reads o with XT = 1) writes the same
     values as with rows, each where weights.xtile_index puts it: one split and several (the

@@ -22,7 +22,7 @@ SWIGLU_TOL = 4e-3
 
 ROWS = [1, 3, 17]
 HD = [512, 5120]             # hidden: tiny, 27B
-TILE_NT = [1, 8]             # wgmma_q4's activation tile order (XT = 1): 8- and 64-row tiles
+TILE_NT = [1, 3, 8]          # wgmma_q4's activation tile order (XT = 1): 8-, 24- and 64-row tiles
 FF = [1024, 17408]           # intermediate: tiny, 27B
 VOCAB = [1024, 248320]       # vocab: tiny, 27B
 TOPK = [(1024, 1), (1024, 5), (1024, 16), (248320, 8), (248320, 16)]

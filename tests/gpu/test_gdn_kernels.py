@@ -331,7 +331,8 @@ def test_gdn_state_rows_in_shared_memory(mod, mod_sr, geom, B, pt, sr):
 # TNT (version 13): out in wgmma_q4's activation tile order for 8·TNT-row tiles, which the out
 # projection reads with XT = 1 at batch tiles of 32 and 64 rows. Only where the values go
 # changes: out (read back into rows), ring and state bitwise as the row-order instance's.
-TNT_VARIANTS = [("27b", 1, 4, 0), ("27b", 1, 8, 12), ("tiny", 1, 8, 12), ("27b", 4, 8, 0)]
+TNT_VARIANTS = [("27b", 1, 4, 0), ("27b", 1, 8, 12), ("tiny", 1, 8, 12), ("27b", 4, 8, 0),
+                ("27b", 1, 3, 12)]
 
 
 def tnt_entry_name(geom: str, pt: int, tnt: int, sr: int) -> str:

@@ -18,7 +18,7 @@ from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
 # (N, K): the tiny geometry's fused shapes, a 27B-like K, and N not a multiple of 16.
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
           (5120, 17408)]
-TILES = [(1, 1, 8), (1, 2, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4)]  # (MT, NT, KS)
+TILES = [(1, 1, 8), (1, 2, 8), (1, 3, 8), (1, 4, 8), (1, 8, 8), (2, 2, 4), (2, 3, 8)]  # (MT, NT, KS)
 # Schedules (MT, NT, ST, XS, AS) that must give bitwise the rows of the plain (1, NT, 2, 0, 0):
 # deeper register rings, staged activations, the cp.async shared-memory ring with more stages
 # than a warp has groups (K = 512: one group per warp).
@@ -438,10 +438,11 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
 
 
 # wgmma_q4 configs (NT, WG, MW, XS, ZS, MB): warpgroups per block, 64-row blocks per warpgroup,
-# ring stages, blocks splitting K, min blocks per SM; 16- to 64-row tiles and one 8-row tile.
+# ring stages, blocks splitting K, min blocks per SM; 16- to 64-row tiles, one 8-row tile and
+# 24-row tiles (m64n24k16, version 16).
 WGMMA_CONFIGS = [(8, 1, 1, 4, 1, 1), (8, 2, 1, 3, 1, 1), (8, 1, 2, 3, 8, 1), (8, 2, 2, 2, 1, 1),
                  (4, 1, 2, 4, 1, 1), (4, 2, 1, 4, 2, 1), (2, 1, 1, 6, 1, 1), (2, 1, 2, 2, 4, 1),
-                 (1, 2, 2, 8, 1, 1)]
+                 (1, 2, 2, 8, 1, 1), (3, 1, 1, 3, 1, 3), (3, 2, 1, 2, 4, 1)]
 _WGMMA: dict = {}
 
 
@@ -530,12 +531,14 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
 
 
 # XT = 1 configs (NT, WG, MW, XS, ZS, MB, PP): the activations in tile order, one cp.async copy
-# per group (ring stages 2 to 6, split K, 1 to 4 warpgroups, 8- to 64-row tiles), and PP = 1's
+# per group (ring stages 2 to 6, split K, 1 to 4 warpgroups, 8- to 64-row tiles, 24-row tiles),
+# and PP = 1's
 # two register sets (group counts even and odd, split K, 3 stages).
 WGMMA_XT_CONFIGS = [(8, 1, 1, 4, 1, 2, 0), (8, 4, 1, 3, 8, 1, 0), (8, 2, 1, 2, 2, 1, 0),
                     (4, 2, 1, 4, 1, 1, 0), (2, 1, 2, 6, 1, 1, 0), (1, 2, 1, 3, 4, 1, 0),
                     (8, 1, 1, 4, 1, 2, 1), (4, 1, 1, 4, 1, 2, 1), (8, 2, 1, 3, 2, 1, 1),
-                    (2, 2, 1, 4, 8, 1, 1)]
+                    (2, 2, 1, 4, 8, 1, 1), (3, 1, 1, 3, 1, 3, 0), (3, 1, 1, 4, 1, 2, 1),
+                    (3, 1, 1, 2, 8, 3, 0)]
 
 
 @pytest.mark.parametrize("N,K", [(3072 + 512 + 512, 512), (96, 5120), (5120, 17408),
