@@ -136,8 +136,12 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
     """Compile source text (cached) and return its resources; raise CompileError on failure."""
     nvcc = nvcc_path()
     flags = [f"-arch={arch}", *NVCC_FLAGS, *[f"-I{d}" for d in include_dirs]]
+    # A translation unit over include_dirs (compile_kernels) keys on the headers' text too, or a
+    # kernel edit would be served the cubin of the headers before it.
+    headers = [f"{f.name}\0{f.read_text()}" for d in include_dirs
+               for f in sorted(Path(d).glob("*.cuh")) + sorted(Path(d).glob("*.h"))]
     key = hashlib.sha256("\0".join(
-        [code_of(source), " ".join(flags), nvcc_version(nvcc), arch]).encode()).hexdigest()[:24]
+        [code_of(source), " ".join(flags), nvcc_version(nvcc), arch, *headers]).encode()).hexdigest()[:24]
     slot = cache_dir() / key
     cubin, logf = slot / "program.cubin", slot / "ptxas.log"
     cached = cubin.exists() and logf.exists()

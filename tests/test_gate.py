@@ -57,6 +57,20 @@ def test_header_comment_does_not_change_the_key():
     assert G.compile_source(b, "b.cu").cached
 
 
+def test_an_included_header_is_part_of_the_key(tmp_path):
+    """A translation unit over an include directory (compile_kernels: the sweep scripts) is not
+    served the cubin of the headers before an edit."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    src = '#include "k.cuh"\n'
+    (inc / "k.cuh").write_text(GOOD)
+    r1 = G.compile_source(src, "k.cu", include_dirs=(str(inc),))
+    assert G.compile_source(src, "k.cu", include_dirs=(str(inc),)).cached
+    (inc / "k.cuh").write_text(GOOD.replace("1.f", "2.f"))
+    r2 = G.compile_source(src, "k.cu", include_dirs=(str(inc),))
+    assert not r2.cached and r2.cubin != r1.cubin
+
+
 def test_compile_error_is_typed():
     with pytest.raises(G.CompileError) as e:
         G.compile_source("this is not C++", "broken.cu")
