@@ -79,12 +79,34 @@ __device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
 // ... and merges: its value v (of V per thread) is the sum of the KS parts' partials, part p's
 // at slot(p) + v * stride, added in part order from 0.f, then stored where index(v, n, r) says.
 // gemm_q4 and wgmma_q4 share it, so a split row's bits do not depend on which kernel split it.
-template <int KS, int EPI, class Slot, class Index>
+// U > 1: the partials of U values are loaded before any of them is summed, U * KS loads in
+// flight at once instead of KS: one L2 round trip per U values (version 16; same bits).
+template <int KS, int EPI, int U = 1, class Slot, class Index>
 __device__ __forceinline__ void split_merge_store(int V, int stride, Slot slot, Index index, bf16* y, int ldy,
                                                   int N, int R) {
   __threadfence();
+  int v = 0;
+  if constexpr (U > 1) {
 #pragma unroll 1
-  for (int v = 0; v < V; ++v) {
+    for (; v + U <= V; v += U) {
+      float p[U][KS];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int q = 0; q < KS; ++q) p[u][q] = __ldcg(slot(q) + (v + u) * stride);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < KS; ++q) s += p[u][q];
+        int n, r;
+        index(v + u, n, r);
+        gemv_store<EPI>(y, ldy, n, r, N, R, s);
+      }
+    }
+  }
+#pragma unroll 1
+  for (; v < V; ++v) {
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < KS; ++p) s += __ldcg(slot(p) + v * stride);

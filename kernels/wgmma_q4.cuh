@@ -424,7 +424,10 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
     if (!split_last_arrival<ZS>(arrivals, blk)) return;
-    split_merge_store<KS, EPI>(V, T, pslot, out_index, y, ldy, N, R);
+    // Eight values a round trip: in the step (same run, old against new) B = 24 11.60 -> 11.41 ms
+    // and B = 64 19.77 -> 19.64, but B = 32 12.90 -> 13.12, so 32-row tiles keep one value a
+    // round trip (bench/NOTES.md, version 16).
+    split_merge_store<KS, EPI, NT == 4 ? 1 : 8>(V, T, pslot, out_index, y, ldy, N, R);
   } else {
 #pragma unroll
     for (int b = 0; b < MW; ++b)

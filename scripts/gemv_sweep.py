@@ -149,6 +149,14 @@ WAVES = {
 }
 WAVE_SHAPES = [("gu396", 396 * 64, 5120, 64), ("gate_up", 34816, 5120, 64),
                ("gu792", 792 * 64, 5120, 64)]
+# GEMV_SWEEP=merge (version 16): the program's split-K wgmma_q4 launches (grid.z = ZS > 1, the
+# last block of a row block merging the parts: gemm_q4.cuh split_merge_store), built once from
+# the tree before and once after a change to the merge, on the shapes that run them.
+MERGE = {
+    8: (64, [("w", 1, 1, 2, 4, 3, 1), ("w", 1, 1, 3, 8, 3, 1)]),
+    4: (32, [("w", 1, 1, 2, 8, 3, 1)]),
+    3: (24, [("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 2, 4, 4, 1)]),
+}
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 if os.environ.get("GEMV_SWEEP") == "zs32":
@@ -171,6 +179,9 @@ elif os.environ.get("GEMV_SWEEP") == "g1":
     SWEEP = G1
 elif os.environ.get("GEMV_SWEEP") == "t24":
     SWEEP = T24
+elif os.environ.get("GEMV_SWEEP") == "merge":
+    SWEEP = MERGE
+    SHAPES = [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]
 elif os.environ.get("GEMV_SWEEP") == "waves":
     SWEEP, SHAPES = WAVES, WAVE_SHAPES
 if os.environ.get("GEMV_SHAPES"):

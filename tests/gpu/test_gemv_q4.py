@@ -580,7 +580,7 @@ def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
                                  (24576 + 16, 256)])
 def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     """The configs ops.wgmma_launch picks for the sm_90a program (in-projection-, long-K-,
-    lm_head- and gate_up-sized weights) at btg 32 and 64, with the activations in rows and,
+    lm_head- and gate_up-sized weights) at btg 24, 32 and 64, with the activations in rows and,
     where the producer can write it, in tile order (XT = 1), give gemv_q4's bits, both
     epilogues."""
     rng = np.random.default_rng([N, K, 9])
@@ -588,7 +588,7 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     seen = set()
-    for btg in (32, 64):
+    for btg in (24, 32, 64):
         nt = btg // 8
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             for tiled in (False, True):   # the caller's producer can write the tile order
