@@ -14,7 +14,7 @@ from .errors import UserError
 
 PT_ENV = "QWEN38_PT"
 DEFAULT_PT = 16
-# sm_90a: the H100/H200 family target, with warpgroup MMA (wgmma_q4 serves the 32- and 64-row
+# sm_90a: the H100/H200 family target, with warpgroup MMA (wgmma_q4 serves the 24- to 64-row
 # batch tiles where it measured faster); sm_90: the portable target, gemv_q4/gemm_q4 only. Both
 # give the same bits (tests/gpu/test_gemv_q4.py).
 DEFAULT_ARCH = "sm_90a"
