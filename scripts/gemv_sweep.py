@@ -159,31 +159,18 @@ MERGE = {
 }
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
-if os.environ.get("GEMV_SWEEP") == "zs32":
-    SWEEP = {4: (32, _ZS32)}
-elif os.environ.get("GEMV_SWEEP") == "zs64":
-    SWEEP = {4: (64, _ZS32)}
-if os.environ.get("GEMV_SWEEP") == "ablate":
-    SWEEP = ABLATE
-elif os.environ.get("GEMV_SWEEP") == "ring":
-    SWEEP = RING
-elif os.environ.get("GEMV_SWEEP") == "zs":
-    SWEEP = ZSWEEP
-elif os.environ.get("GEMV_SWEEP", "").startswith("zs"):
-    pass  # zs32 / zs64 above
-elif os.environ.get("GEMV_SWEEP") == "g16":
-    SWEEP = G16
-elif os.environ.get("GEMV_SWEEP") == "g64":
-    SWEEP = G64
-elif os.environ.get("GEMV_SWEEP") == "g1":
-    SWEEP = G1
-elif os.environ.get("GEMV_SWEEP") == "t24":
-    SWEEP = T24
-elif os.environ.get("GEMV_SWEEP") == "merge":
-    SWEEP = MERGE
-    SHAPES = [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]
-elif os.environ.get("GEMV_SWEEP") == "waves":
-    SWEEP, SHAPES = WAVES, WAVE_SHAPES
+# GEMV_SWEEP=<mode>: (the configs, the shapes, or None for SHAPES) of each mode; any other
+# value runs SWEEP above.
+MODES = {
+    "ablate": (ABLATE, None), "ring": (RING, None), "zs": (ZSWEEP, None),
+    "zs32": ({4: (32, _ZS32)}, None), "zs64": ({4: (64, _ZS32)}, None),
+    "g16": (G16, None), "g64": (G64, None), "g1": (G1, None), "t24": (T24, None),
+    "merge": (MERGE, [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]),
+    "waves": (WAVES, WAVE_SHAPES),
+}
+if os.environ.get("GEMV_SWEEP") in MODES:
+    SWEEP, _shapes = MODES[os.environ["GEMV_SWEEP"]]
+    SHAPES = _shapes or SHAPES
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
