@@ -88,6 +88,9 @@
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
 //   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
 //   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
+//   Version 17 (scripts/gdn_bench.py, µs under PDL): GE = 4 (below) 31.8 at B = 16, 114.5 at
+//   B = 64 against 35.2 and 126.1 with every state row first; the state traffic alone, in the
+//   same blocks, 26.0 and 101.9 (scripts/gdn_stream.cuh).
 //
 // Compiles alone (syntax only):
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gdn.cuh -o /dev/null
@@ -156,6 +159,12 @@ struct GdnLaunch {
 
 namespace gdn_detail {
 
+// A compile-time constant (gdn_chunk's early and late state loads).
+template <int V>
+struct Rows {
+  static constexpr int value = V;
+};
+
 // Causal conv + SiLU of 8 channels [ch, ch+8) for token t of the sequence (position p0 + t):
 // y -> dst[0..8). The taps of positions before p0 come from rt (shared memory: the ring slots of
 // positions p0-K+1 … p0-1, copied before the wait), 0 for a position < 0; the others are rows of
@@ -206,7 +215,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 //                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
 template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
-          int SLOTS = 1, int SR = 0, int TNT = 0>
+          int SLOTS = 1, int SR = 0, int TNT = 0, int GE = -1, int GW = 0>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
@@ -273,8 +282,23 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // Ss[(i - RR)·NT + tid], requested after the conv's copies below (their own commit group).
   float4 S[RR];
   float4* const Ss = reinterpret_cast<float4*>(sm + L::off_st);
+  // When the state loads are issued (the same bits whichever): GE = -1, every row first. GE >= 0:
+  // the conv's copies below first (queued behind 64 KiB of state loads per block they held up
+  // the conv: bench/NOTES.md, version 17), then rows [0, GE), the others once the conv is done;
+  // but the first GW blocks (the first wave, resident while the kernel before this one still
+  // runs, whose DRAM time the early loads use) take every row early.
+  static_assert(GE >= -1 && GE <= RR && (GE < 0 || SR == 0) && GW >= 0,
+                "gdn: -1 <= GE <= RR (SR = 0), GW >= 0");
+  const bool all_early = GE < 0 || blockIdx.x < (unsigned)GW;
+  auto load_state = [&](auto Late) {
 #pragma unroll
-  for (int i = 0; i < RR; ++i) S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
+    for (int i = 0; i < RR; ++i)
+      if (decltype(Late)::value ? i >= GE && !all_early : i < GE || all_early)
+        S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
+  };
+  using Early = gdn_detail::Rows<0>;
+  using Late = gdn_detail::Rows<1>;
+  if constexpr (GE < 0) load_state(Early{});
   // This thread's state row i, wherever it lives (i is a compile-time constant in unrolled loops).
   auto st_get = [&](int i) -> float4 { return i < RR ? S[i < RR ? i : 0] : Ss[(i - RR) * NT + tid]; };
   auto st_put = [&](int i, float4 v) {
@@ -307,6 +331,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   for (int i = tid; i < COLS / 4; i += NT) cp_async16(snw + 4 * i, norm_w + c0 + 4 * i);
   cp_async_commit();
+  if constexpr (GE >= 0) load_state(Early{});
   if constexpr (SR > 0) {
 #pragma unroll
     for (int i = RR; i < RW; ++i) cp_async16(Ss + (i - RR) * NT + tid, Sp + (size_t)i * RGR * DV);
@@ -350,6 +375,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
   }
   __syncthreads();
+  if constexpr (GE >= 0) load_state(Late{});
   // This block has read the ring. The last of the HV/HK·NS blocks of (b, κ) to get here writes
   // κ's q/k ring channels (step 3); it resets the counter, so every launch finds it at 0.
   // (The atomic's answer is first needed after the recurrence, so its round trip overlaps it.)

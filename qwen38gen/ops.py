@@ -513,23 +513,31 @@ GDN_NS = 1
 
 
 # kernels/gdn.cuh SR: state rows of a thread kept in shared memory. QWEN38_GDN_SR (A/B runs)
-# overrides the rule below with that many rows in every decode step's GDN (0: none).
+# sets that many rows in every decode step's GDN (0: none, the default since version 17).
 GDN_SR = os.environ.get("QWEN38_GDN_SR")
-GDN_SR_ROWS = 12      # 4 of 16 rows in registers: 79 registers, three blocks of 256 per SM
-GDN_SR_MIN_BATCH = 20
+# kernels/gdn.cuh GE: the decode step's GDN requests its conv's copies first, then GE of a
+# thread's 16 state rows, and the rest after the conv. QWEN38_GDN_GE (A/B runs) sets GE in every
+# decode step's GDN (-1: every state row first, as before version 17).
+GDN_GE = os.environ.get("QWEN38_GDN_GE")
+GDN_GE_MIN_BATCH = 12  # from here 4 rows early, below all 16
+# ... except, up to 16-row tiles, in the first wave of blocks (GW: GEMM_SMS x 2 blocks per SM),
+# which request every row early. In the step (bench/2026-12-04-h200-v17-step-gw.json, ms, two
+# rounds): B = 16 8.25 -> 8.22 with it; but 24 11.23 -> 11.30, 32 12.85 -> 12.91, 64 19.46 ->
+# 19.54. The likely reason, not measured: under PDL the GDN's first wave is resident while the
+# gemv_q4 before it drains, whose blocks leave it room, so its early loads use that kernel's DRAM
+# time; after a wgmma_q4 launch (24 rows and more) they do not fit before it ends, and the
+# early loads only hold up the conv. QWEN38_GDN_GW=0 turns it off (A/B runs).
+GDN_GW = os.environ.get("QWEN38_GDN_GW", "1") != "0"
+GDN_GW_MAX_BATCH = 16
 
 
 def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> int:
     """SR of the GDN instance: state rows per thread kept in shared memory (0: all in
-    registers). The decode step of the plain program at B >= 20 keeps 12 of its 16 there, three
-    items per SM instead of two: the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17 at
-    B = 64 (bench/2026-12-03-h200-v12-bench-sr*.json); version 15 (bench/NOTES.md): 11.84 ->
-    11.65 at B = 20, 12.30 -> 11.95 at B = 24, 12.87 -> 12.53 at B = 28. Below it lost: at
-    B = 16 8.38 -> 9.01 ms (the step, not the GDN alone: 1.71 -> 1.75 ms), at B = 12 7.85 ->
-    8.07, B = 8 6.10 -> 6.85, B = 4 5.47 -> 5.73. The B = 16 loss is an overlap effect of
-    programmatic dependent launch: without PDL SR = 12 costs that step 0.04 ms, with it 0.7 ms
-    (version 13); it is not the out projection's cluster split (9.35 against 8.59 ms with
-    QWEN38_GEMV_ZS=1, version 15)."""
+    registers), set by QWEN38_GDN_SR only. Versions 12 to 16 kept 12 of 16 there from B = 20 on
+    (three items per SM instead of two; the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17
+    at B = 64 then). Version 17 requests the state rows after the conv's inputs instead (GE,
+    gdn_state_rows_early), which took the 64-row GDN launch to 114.5 us against SR = 12's 127.5
+    (bench/NOTES.md)."""
     if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
         return 0
     if GDN_SR:
@@ -537,7 +545,33 @@ def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, rs: int | None = None, bat
             raise UserError(f"QWEN38_GDN_SR={GDN_SR!r}: use 0 … {cfg.linear_key_head_dim // 8 - 1} "
                             "state rows in shared memory, or leave it unset")
         return int(GDN_SR)
-    return GDN_SR_ROWS if batch >= GDN_SR_MIN_BATCH else 0
+    return 0
+
+
+def gdn_state_rows_early(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> int:
+    """GE of the GDN instance (kernels/gdn.cuh): -1, every state row requested first (before the
+    conv's copies, which then queue behind 64 KiB of state loads per block); else the conv's
+    copies first, then GE of a thread's 16 state rows, the others once the conv is done. The
+    plain program's decode step (state in registers) takes 16 below B = 12 and 4 from there:
+    scripts/gdn_bench.py, us per launch under PDL against -1 (bench/2026-12-04-h200-v17-gdn-ge.txt):
+    B = 1 6.4-6.9 against 7.3-9.6, B = 8 19.3 against 19.9; 4 rows at B = 16 31.8 against 35.2,
+    24 47.0 against 52.1, 32 58.9 against 66.2, 64 114.5 against 126.1. Scheduling only: the
+    same bits (tests/gpu/test_gdn_kernels.py)."""
+    if not (pt == 1 and rs is None and cfg.linear_key_head_dim == 128):
+        return -1
+    if gdn_state_rows_in_smem(cfg, pt, rs, batch):
+        return -1
+    rows = cfg.linear_key_head_dim // 8
+    if GDN_GE is not None:
+        try:
+            ge = int(GDN_GE)
+        except ValueError:
+            ge = -2
+        if not -1 <= ge <= rows:
+            raise UserError(f"QWEN38_GDN_GE={GDN_GE!r}: use -1 (every state row first) or 0 … "
+                            f"{rows} rows before the conv, or leave it unset")
+        return ge
+    return rows if batch < GDN_GE_MIN_BATCH else 4
 
 
 def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None, batch: int = 0) -> dict:
@@ -576,9 +610,13 @@ def gdn_entry(cfg: ModelConfig, pt: int, rs: int | None = None, each: int = 0,
               ("int*", "ring_arrivals"), ("float*", "state"), (I32, "pos"), (I32, "ntok"),
               ("q38::bf16*", "out"))
     sr, ring = L["sr"], k - 1 if rs is None else rs
+    ge = gdn_state_rows_early(cfg, pt, rs, batch)
+    gw = (GEMM_SMS * L["min_blocks"]
+          if 0 <= ge < dk // 8 and GDN_GW and batch <= GDN_GW_MAX_BATCH else 0)
     name = (f"q38_gdn_pt{pt}" + (f"_sr{sr}" if sr else "")
-            + (f"_rs{rs}_s{slots}_e{each}" if rs is not None else "") + (f"_t{tnt}" if tnt else ""))
-    call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {sr}, {tnt}>"
+            + (f"_rs{rs}_s{slots}_e{each}" if rs is not None else "") + (f"_ge{ge}" if ge >= 0 else "")
+            + (f"_w{gw}" if gw else "") + (f"_t{tnt}" if tnt else ""))
+    call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {sr}, {tnt}, {ge}, {gw}>"
     ltargs = f"{targs}, {ring}, {sr}"
     if rs is not None:
         params += ((I32, "slot"),)

@@ -1,5 +1,7 @@
 """Time the 27B decode step's GDN launch alone (the program's own entry point, ops.gdn_entry) at
-several B. Version 6 used it to compare a persistent variant (commit f3a5102, bench/NOTES.md).
+several B. Version 6 used it to compare a persistent variant (commit f3a5102, bench/NOTES.md);
+version 17 the state loads issued after the conv (gdn_chunk GE) and, with GDN_STREAM=1, the
+state traffic alone (scripts/gdn_stream.cuh).
 
   python3 scripts/gdn_bench.py build OUT.cubin          # CPU machine: nvcc the entry
   python3 scripts/gdn_bench.py run OUT.cubin [B ...]    # GPU machine: µs per launch
@@ -13,6 +15,7 @@ do), plain and with programmatic dependent launch. Speed figures of the step com
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -27,12 +30,46 @@ from qwen38gen.ops import gdn_entry, gdn_launch, pad16  # noqa: E402
 CFG = PRESETS["qwen3.8-27b"]
 
 
+GE_ROWS = (0, 2, 4, 8, 16)
+
+
 def entries():
-    return {"chunk": gdn_entry(CFG, 1)}
+    """The GDN decode instance with every state row requested first (the program's order until
+    version 17) and with 12 of 16 rows in shared memory (SR = 12, three blocks per SM, the
+    program's from B = 20 until version 17); then, version 17 (ops.gdn_state_rows_early), with
+    the conv's copies requested first, then GE of a thread's 16 state rows and the others after
+    the conv, for GE in GE_ROWS, and the program's B = 16 instance (GE 4, the first wave of 264
+    blocks all rows early)."""
+    import qwen38gen.ops as ops
+
+    saved = ops.GDN_GE, ops.GDN_SR, ops.GDN_GW
+    e = {}
+    try:
+        ops.GDN_GE, ops.GDN_SR, ops.GDN_GW = "-1", None, False
+        e["chunk"] = gdn_entry(CFG, 1, batch=64)
+        ops.GDN_SR = "12"
+        e["chunk_sr12"] = gdn_entry(CFG, 1, batch=64)
+        ops.GDN_SR = None
+        for ge in GE_ROWS:
+            ops.GDN_GE = str(ge)
+            e[f"chunk_ge{ge}"] = gdn_entry(CFG, 1, batch=64)
+        ops.GDN_GE, ops.GDN_GW = None, True
+        e["chunk_b16"] = gdn_entry(CFG, 1, batch=16)
+    finally:
+        ops.GDN_GE, ops.GDN_SR, ops.GDN_GW = saved
+    return e
+
+
+# GDN_STREAM=1 (version 17): also the state traffic alone (scripts/gdn_stream.cuh), each kernel
+# at 2 and 3 blocks per SM by shared-memory padding (76 registers: no more than 3): (kernel,
+# blocks per SM) -> dynamic smem bytes.
+STREAM = {(k, bps): {2: 100 << 10, 3: 70 << 10}[bps]
+          for k in ("gs_c0_b0", "gs_c256_b0", "gs_c256_b6", "gs_c1024_b6") for bps in (2, 3)}
 
 
 def build(cubin: str):
     src = '#include "gdn.cuh"\n' + "".join(e.render() for e in entries().values())
+    src += (ROOT / "scripts" / "gdn_stream.cuh").read_text().replace("#pragma once", "")
     res = compile_kernels(src, "gdn_bench.cu", arch="sm_90a")
     shutil.copyfile(res.cubin, cubin)
     regs = {k.name: f"{k.registers} registers, {k.spill_stores} B spilled" for k in res.kernels}
@@ -91,6 +128,7 @@ class Case:
 
 
 def run(cubin: str, batches: list[int], reps: int = 30):
+    import numpy as np
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
@@ -119,9 +157,22 @@ def run(cubin: str, batches: list[int], reps: int = 30):
             gbs = 2 * state_bytes / tp / 1e9
             rows.append({"B": B, "kernel": kind, "grid": grid[0], "us": t * 1e6, "us_pdl": tp * 1e6,
                          "state_gbs_pdl": gbs, "regs": meta["regs"].get(e["name"], "")})
-    print(f"{'B':>3s} {'kernel':7s} {'grid':>5s} {'us':>8s} {'us PDL':>8s} {'state GB/s':>10s}  regs")
+        for (name, bps), smem in (STREAM.items() if os.environ.get("GDN_STREAM") else ()):
+            fn = mod.get_function(name)
+            allow_dynamic_smem(fn, smem)
+            grid = (B * CFG.linear_num_value_heads, 1, 1)
+            sargs = lambda i: [np.uintp(int(case.states[i % len(case.states)]))]  # noqa: E731
+            t = time_back_to_back(drv, s, lambda i: fn(*sargs(i), grid=grid, block=(256, 1, 1),
+                                                       shared=smem, stream=s), reps)
+            spdl = PdlModule(Path(cubin).read_bytes(), {name: {"smem": smem}})
+            preps = [spdl.prepare(name, grid, (256, 1, 1), smem, sargs(i)) for i in range(len(case.states))]
+            tp = time_back_to_back(drv, s, lambda i: spdl.launch(preps[i % len(preps)], s.handle), reps)
+            rows.append({"B": B, "kernel": f"{name}/{bps}", "grid": grid[0], "us": t * 1e6,
+                         "us_pdl": tp * 1e6, "state_gbs_pdl": 2 * state_bytes / tp / 1e9,
+                         "regs": meta["regs"].get(name, "")})
+    print(f"{'B':>3s} {'kernel':18s} {'grid':>5s} {'us':>8s} {'us PDL':>8s} {'state GB/s':>10s}  regs")
     for r in rows:
-        print(f"{r['B']:3d} {r['kernel']:7s} {r['grid']:5d} {r['us']:8.1f} {r['us_pdl']:8.1f} "
+        print(f"{r['B']:3d} {r['kernel']:18s} {r['grid']:5d} {r['us']:8.1f} {r['us_pdl']:8.1f} "
               f"{r['state_gbs_pdl']:10.0f}  {r['regs']}")
     return rows
 
@@ -134,12 +185,22 @@ def profile(cubin: str, B: int):
 
     meta = json.loads(Path(cubin + ".json").read_text())
     mod = drv.module_from_file(cubin)
+    import numpy as np
+
     case = Case(drv, B, 1)
     for kind, e in meta["entries"].items():
         fn = mod.get_function(e["name"])
         allow_dynamic_smem(fn, e["smem"])
         fn(*case.args(0), grid=case.grid(), block=(e["threads"], 1, 1), shared=e["smem"])
         drv.Context.synchronize()
+    if os.environ.get("GDN_STREAM"):   # the state traffic alone, at two blocks per SM
+        for (name, bps), smem in STREAM.items():
+            if bps == 2:
+                fn = mod.get_function(name)
+                allow_dynamic_smem(fn, smem)
+                fn(np.uintp(int(case.states[0])), grid=(B * CFG.linear_num_value_heads, 1, 1),
+                   block=(256, 1, 1), shared=smem)
+                drv.Context.synchronize()
 
 
 if __name__ == "__main__":

@@ -137,8 +137,10 @@ class Emu:
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]
-        # _sr<n>: state rows in shared memory (a schedule knob: the same arithmetic)
-        m = re.fullmatch(r"q38_gdn_pt\d+(?:_sr\d+)?(?:_rs(\d+)_s(\d+)_e(\d))?(?:_t\d+)?", L["k"])
+        # _sr<n>: state rows in shared memory, _ge<n>: state rows requested before the conv
+        # (schedule knobs: the same arithmetic)
+        m = re.fullmatch(r"q38_gdn_pt\d+(?:_sr\d+)?(?:_rs(\d+)_s(\d+)_e(\d))?(?:_ge\d+)?(?:_w\d+)?(?:_t\d+)?",
+                         L["k"])
         rs = int(m.group(1)) if m.group(1) else c.linear_conv_kernel_dim - 1
         slots, each = (int(m.group(2)), int(m.group(3))) if m.group(1) else (1, 0)
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim

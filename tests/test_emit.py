@@ -231,48 +231,70 @@ def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
     assert (split > 0) == expect_split, (model, batch, mtp, split)
 
 
-@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 16, 0), ("qwen3.8-27b", 19, 0),
-                                               ("qwen3.8-27b", 20, 0), ("qwen3.8-27b", 32, 0),
+@pytest.mark.parametrize("model,batch,mtp", [("qwen3.8-27b", 1, 0), ("qwen3.8-27b", 11, 0),
+                                               ("qwen3.8-27b", 12, 0), ("qwen3.8-27b", 16, 0),
+                                               ("qwen3.8-27b", 17, 0), ("qwen3.8-27b", 32, 0),
                                                ("qwen3.8-27b", 64, 0), ("tiny", 64, 0),
                                                ("tiny", 3, 0), ("qwen3.8-27b", 64, 1)])
-def test_gdn_state_rows_in_shared_memory_from_20_up(model, batch, mtp):
-    """ops.gdn_state_rows_in_smem: the plain program's decode-step GDN keeps 12 of a thread's 16
-    state rows in shared memory from B = 20 on (the entry _sr12, three blocks per SM: its
-    min_blocks and shared memory in the manifest); prefill chunks, smaller batches and the mtp
-    lane's GDN instances keep them all in registers."""
-    from qwen38gen import ops
-
+def test_gdn_state_rows_early_by_batch(model, batch, mtp):
+    """ops.gdn_state_rows_early (version 17): the plain program's decode-step GDN requests its
+    conv's copies first, then all 16 of a thread's state rows below B = 12 (_ge16) and 4 from
+    B = 12 on (_ge4), the rest after the conv, except up to B = 16 in the first wave of 264
+    blocks (_w264);
+    prefill chunks and the mtp lane's GDN instances keep the old order, and no instance keeps
+    state rows in shared memory unless asked."""
     cfg = PRESETS[model]
     prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
     names = {L["k"] for ph, sched in prog.manifest["schedule"].items() if isinstance(sched, list)
              for L in sched if L["k"].startswith("q38_gdn_")}
-    gdn = {re.sub(r"_t\d+$", "", k): k for k in names}   # _t<nt>: out in tile order
-    want = batch >= 20 and not mtp
-    assert ("q38_gdn_pt1_sr12" in gdn) == want, gdn
-    assert all(k == "q38_gdn_pt1_sr12" or "_sr" not in k for k in gdn), gdn
+    gdn = {re.sub(r"_t\d+$", "", k) for k in names}   # _t<nt>: out in tile order
+    want = (None if mtp else "q38_gdn_pt1_ge16" if batch < 12 else "q38_gdn_pt1_ge4_w264"
+            if batch <= 16 else "q38_gdn_pt1_ge4")
+    assert {k for k in gdn if "_ge" in k} == ({want} if want else set()), gdn
+    assert not any("_sr" in k for k in gdn), gdn
     if want:
-        k = prog.manifest["kernels"][gdn["q38_gdn_pt1_sr12"]]
-        base = ops.gdn_launch(cfg, 1)
-        assert k["smem"] == 4 * (-(-base["smem"] // 16) * 4 + 4 * 12 * base["threads"])
-        assert "__launch_bounds__(256, 3)" in prog.source
+        call = prog.manifest["kernels"][next(k for k in names if k.startswith(want))]["call"]
+        tail = {"q38_gdn_pt1_ge16": ", 16, 0>", "q38_gdn_pt1_ge4_w264": ", 4, 264>",
+                "q38_gdn_pt1_ge4": ", 4, 0>"}[want]   # gdn_chunk<..., GE, GW>
+        assert call.endswith(tail), call
 
 
-def test_gdn_sr_knob(monkeypatch):
-    """QWEN38_GDN_SR overrides the rule (0: none, n: n rows at every B); a count the kernel
-    cannot take is a UserError naming the knob and the range."""
+def test_gdn_sr_and_ge_knobs(monkeypatch):
+    """QWEN38_GDN_SR sets n state rows in shared memory at every B (which keeps the old load
+    order) and QWEN38_GDN_GE the rows requested before the conv (-1: all first, as before
+    version 17); a value the kernel cannot take is a UserError naming the knob and the range."""
     from qwen38gen import ops
     from qwen38gen.errors import UserError
 
     cfg = PRESETS["qwen3.8-27b"]
+    assert ops.gdn_launch(cfg, 1, batch=64)["sr"] == 0
     monkeypatch.setattr(ops, "GDN_SR", "0")
     assert ops.gdn_launch(cfg, 1, batch=64)["sr"] == 0
     monkeypatch.setattr(ops, "GDN_SR", "12")
     assert ops.gdn_launch(cfg, 1, batch=1)["sr"] == 12
     assert ops.gdn_launch(cfg, 16, batch=1)["sr"] == 0
+    assert ops.gdn_state_rows_early(cfg, 1, batch=64) == -1
+    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1_sr12"
     for bad in ("16", "x", "-1"):
         monkeypatch.setattr(ops, "GDN_SR", bad)
         with pytest.raises(UserError, match="QWEN38_GDN_SR.*0 … 15"):
             ops.gdn_launch(cfg, 1, batch=64)
+    monkeypatch.setattr(ops, "GDN_SR", None)
+    assert ops.gdn_state_rows_early(cfg, 1, batch=64) == 4
+    assert ops.gdn_state_rows_early(cfg, 1, batch=8) == 16
+    assert ops.gdn_state_rows_early(cfg, 16, batch=64) == -1
+    assert ops.gdn_entry(cfg, 1, batch=16).name == "q38_gdn_pt1_ge4_w264"
+    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1_ge4"
+    monkeypatch.setattr(ops, "GDN_GW", False)
+    assert ops.gdn_entry(cfg, 1, batch=16).name == "q38_gdn_pt1_ge4"
+    monkeypatch.setattr(ops, "GDN_GE", "-1")
+    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1"
+    monkeypatch.setattr(ops, "GDN_GE", "8")
+    assert ops.gdn_entry(cfg, 1, batch=1).call.endswith(", 8, 0>")   # GW off above
+    for bad in ("17", "x", "-2"):
+        monkeypatch.setattr(ops, "GDN_GE", bad)
+        with pytest.raises(UserError, match="QWEN38_GDN_GE.*-1.*0 … 16"):
+            ops.gdn_launch(cfg, 1, batch=64) and ops.gdn_entry(cfg, 1, batch=64)
 
 
 def test_gemv_split_knob(monkeypatch):

@@ -367,3 +367,46 @@ def test_gdn_out_in_tile_order(mod, mod_tnt, geom, pt, tnt, sr, B):
         assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
             f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}: {name} differs from the row-order instance"
     check(f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
+
+
+# GE (ops.gdn_state_rows_early, version 17): the conv's copies are requested first, then GE of a
+# thread's 16 state rows, the rest after the conv. Only when the loads are issued changes, so
+# out, ring and state are the bits of the instance that requests every row first (the NS = 1
+# instances of VARIANTS), with out in rows and, as the program's 24- to 64-row lanes use it, in
+# tile order.
+# GW: the first GW blocks request every row early (the program's first wave).
+GE_VARIANTS = [("27b", 0, 0, 0), ("27b", 4, 0, 0), ("27b", 16, 0, 0), ("tiny", 4, 0, 0),
+               ("27b", 4, 8, 264), ("tiny", 16, 3, 0), ("tiny", 4, 0, 50), ("27b", 4, 0, 100)]
+
+
+def ge_entry_name(geom: str, ge: int, tnt: int, gw: int) -> str:
+    return f"q38_gdn_{geom}_ge{ge}_t{tnt}_w{gw}"
+
+
+@pytest.fixture(scope="module")
+def mod_ge(cuda_ctx):
+    src = ['#include "gdn.cuh"']
+    for geom, ge, tnt, gw in GE_VARIANTS:
+        g = GEOMS[geom]
+        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, 1, 1, {K - 1}"
+        L = f"q38::GdnLaunch<{t}>"
+        src.append(f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
+                   f"{ge_entry_name(geom, ge, tnt, gw)}({PARAMS}) "
+                   f"{{ q38::gdn_chunk<{t}, 0, 1, 0, {tnt}, {ge}, {gw}>({ARGS}); }}\n")
+    return build("\n".join(src))
+
+
+@pytest.mark.parametrize("geom,ge,tnt,gw", GE_VARIANTS)
+@pytest.mark.parametrize("B", [1, 3, 17])
+def test_gdn_state_rows_after_the_conv(mod, mod_ge, geom, ge, tnt, gw, B):
+    g = GEOMS[geom]
+    base = launch_py(g, 1, 1)
+    fn = mod_ge.get_function(ge_entry_name(geom, ge, tnt, gw))
+    allow_dynamic_smem(fn, base["smem"])
+    inp = make_inputs(g, B, 1, seed_of("ge", geom, B, ge, tnt, gw))
+    plain = run_gpu(mod, geom, 1, 1, inp)
+    got = run_gpu(mod_ge, geom, 1, 1, inp, kern=(fn, base), tnt=tnt)
+    for name, a, b in zip(("out", "ring", "state"), got, plain):
+        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
+            f"GE={ge} GW={gw} TNT={tnt} {geom} B={B}: {name} differs from every row first"
+    check(f"GE={ge} GW={gw} TNT={tnt} {geom} B={B}", geom, 1, inp, got)
