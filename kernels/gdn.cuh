@@ -66,7 +66,10 @@
 // ring slots of the K-1 positions before this token and norm_w; the gate constants. After the
 // wait only mz and ba remain to be read, so under PDL one L2 round trip separates the previous
 // kernel's end from the conv (the conv and gates' chain of loads was the block's critical path:
-// ncu, bench/NOTES.md version 6).
+// ncu, bench/NOTES.md version 6). GE >= 0 (the decode step since version 17) changes when the
+// state is asked for: after the conv's copies, and only GE of a thread's rows before the conv
+// (its small requests and its shared-memory traffic otherwise wait behind 64 KiB of state loads
+// per block in the SM's memory-instruction queue).
 //
 // SR > 0: the last SR of a thread's DK/8 state rows live in its own float4 slots of shared
 // memory (cp.async'd after the conv's copies, in their own commit group, so the conv does not
@@ -264,8 +267,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   const int c0 = s * COLS;  // this block's first column inside the head
   const bf16* ring_b = ring + (size_t)b * RS * C;
 
-  // 0. Issue this thread's state loads first: the state depends on no kernel of this step before
-  // this one, so its latency overlaps the conv below (and, when the launch uses programmatic
+  // 0. The state loads (first unless GE >= 0, below): the state depends on no kernel of this step
+  // before this one, so its latency overlaps the conv below (and, when the launch uses programmatic
   // dependent launch, the tail of the previous kernel: correct as long as that kernel, like this
   // one, waits for its own predecessor before it ends, so this layer's previous step is done).
   // Thread (cg, rg) owns columns j = c0 + 4cg … +3 (one float4) of rows rg + 8·i, i < DK/8:
@@ -285,8 +288,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // When the state loads are issued (the same bits whichever): GE = -1, every row first. GE >= 0:
   // the conv's copies below first (queued behind 64 KiB of state loads per block they held up
   // the conv: bench/NOTES.md, version 17), then rows [0, GE), the others once the conv is done;
-  // but the first GW blocks (the first wave, resident while the kernel before this one still
-  // runs, whose DRAM time the early loads use) take every row early.
+  // but the first GW blocks (the first wave, which may be resident while the kernel before this
+  // one still runs, so that the early loads use its DRAM time) take every row early.
   static_assert(GE >= -1 && GE <= RR && (GE < 0 || SR == 0) && GW >= 0,
                 "gdn: -1 <= GE <= RR (SR = 0), GW >= 0");
   const bool all_early = GE < 0 || blockIdx.x < (unsigned)GW;

@@ -233,6 +233,14 @@ def check(label: str, geom: str, pt: int, inp: dict, got) -> None:
         assert v <= TOL[k], f"{label}: {k} rel err {v:.3e} > {TOL[k]:.1e}"
 
 
+def check_same_bits(label: str, geom: str, pt: int, inp: dict, got, plain, what: str) -> None:
+    """A scheduling variant: out, ring and state bit for bit the plain instance's (`what` names
+    it), and within the reference's tolerances."""
+    for name, a, b in zip(("out", "ring", "state"), got, plain):
+        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), f"{label}: {name} differs from {what}"
+    check(label, geom, pt, inp, got)
+
+
 def seed_of(*key) -> int:
     return zlib.crc32(repr(key).encode())
 
@@ -322,10 +330,7 @@ def test_gdn_state_rows_in_shared_memory(mod, mod_sr, geom, B, pt, sr):
     inp = make_inputs(g, B, pt, seed_of("sr", geom, B, pt, sr))
     plain = run_gpu(mod, geom, pt, 1, inp)
     got = run_gpu(mod_sr, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)))
-    for name, a, b in zip(("out", "ring", "state"), got, plain):
-        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
-            f"SR={sr} {geom} B={B} PT={pt}: {name} differs from SR = 0"
-    check(f"SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
+    check_same_bits(f"SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got, plain, "SR = 0")
 
 
 # TNT (version 13): out in wgmma_q4's activation tile order for 8·TNT-row tiles, which the out
@@ -339,17 +344,20 @@ def tnt_entry_name(geom: str, pt: int, tnt: int, sr: int) -> str:
     return f"q38_gdn_{geom}_pt{pt}_t{tnt}_sr{sr}"
 
 
+def variant_entry(name: str, geom: str, pt: int, sr: int, tail: str) -> str:
+    """An NS = 1 entry point of gdn_chunk<..., RS = K-1, EACH 0, SLOTS 1, SR, `tail`>."""
+    g = GEOMS[geom]
+    t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
+    L = f"q38::GdnLaunch<{t}, {sr}>"
+    return (f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
+            f"{name}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}, {tail}>({ARGS}); }}\n")
+
+
 @pytest.fixture(scope="module")
 def mod_tnt(cuda_ctx):
-    src = ['#include "gdn.cuh"']
-    for geom, pt, tnt, sr in TNT_VARIANTS:
-        g = GEOMS[geom]
-        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
-        L = f"q38::GdnLaunch<{t}, {sr}>"
-        n = tnt_entry_name(geom, pt, tnt, sr)
-        src.append(f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-                   f"{n}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}, {tnt}>({ARGS}); }}\n")
-    return build("\n".join(src))
+    return build("\n".join(['#include "gdn.cuh"'] + [
+        variant_entry(tnt_entry_name(geom, pt, tnt, sr), geom, pt, sr, f"{tnt}")
+        for geom, pt, tnt, sr in TNT_VARIANTS]))
 
 
 @pytest.mark.parametrize("geom,pt,tnt,sr", TNT_VARIANTS)
@@ -363,10 +371,8 @@ def test_gdn_out_in_tile_order(mod, mod_tnt, geom, pt, tnt, sr, B):
     inp = make_inputs(g, B, pt, seed_of("tnt", geom, B, pt, tnt, sr))
     plain = run_gpu(mod, geom, pt, 1, inp)
     got = run_gpu(mod_tnt, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)), tnt=tnt)
-    for name, a, b in zip(("out", "ring", "state"), got, plain):
-        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
-            f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}: {name} differs from the row-order instance"
-    check(f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got)
+    check_same_bits(f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got, plain,
+                    "the row-order instance")
 
 
 # GE (ops.gdn_state_rows_early, version 17): the conv's copies are requested first, then GE of a
@@ -385,15 +391,9 @@ def ge_entry_name(geom: str, ge: int, tnt: int, gw: int) -> str:
 
 @pytest.fixture(scope="module")
 def mod_ge(cuda_ctx):
-    src = ['#include "gdn.cuh"']
-    for geom, ge, tnt, gw in GE_VARIANTS:
-        g = GEOMS[geom]
-        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, 1, 1, {K - 1}"
-        L = f"q38::GdnLaunch<{t}>"
-        src.append(f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-                   f"{ge_entry_name(geom, ge, tnt, gw)}({PARAMS}) "
-                   f"{{ q38::gdn_chunk<{t}, 0, 1, 0, {tnt}, {ge}, {gw}>({ARGS}); }}\n")
-    return build("\n".join(src))
+    return build("\n".join(['#include "gdn.cuh"'] + [
+        variant_entry(ge_entry_name(geom, ge, tnt, gw), geom, 1, 0, f"{tnt}, {ge}, {gw}")
+        for geom, ge, tnt, gw in GE_VARIANTS]))
 
 
 @pytest.mark.parametrize("geom,ge,tnt,gw", GE_VARIANTS)
@@ -406,7 +406,5 @@ def test_gdn_state_rows_after_the_conv(mod, mod_ge, geom, ge, tnt, gw, B):
     inp = make_inputs(g, B, 1, seed_of("ge", geom, B, ge, tnt, gw))
     plain = run_gpu(mod, geom, 1, 1, inp)
     got = run_gpu(mod_ge, geom, 1, 1, inp, kern=(fn, base), tnt=tnt)
-    for name, a, b in zip(("out", "ring", "state"), got, plain):
-        assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), \
-            f"GE={ge} GW={gw} TNT={tnt} {geom} B={B}: {name} differs from every row first"
-    check(f"GE={ge} GW={gw} TNT={tnt} {geom} B={B}", geom, 1, inp, got)
+    check_same_bits(f"GE={ge} GW={gw} TNT={tnt} {geom} B={B}", geom, 1, inp, got, plain,
+                    "every row first")
