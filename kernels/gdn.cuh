@@ -162,12 +162,6 @@ struct GdnLaunch {
 
 namespace gdn_detail {
 
-// A compile-time constant (gdn_chunk's early and late state loads).
-template <int V>
-struct Rows {
-  static constexpr int value = V;
-};
-
 // Causal conv + SiLU of 8 channels [ch, ch+8) for token t of the sequence (position p0 + t):
 // y -> dst[0..8). The taps of positions before p0 come from rt (shared memory: the ring slots of
 // positions p0-K+1 … p0-1, copied before the wait), 0 for a position < 0; the others are rows of
@@ -292,16 +286,14 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // one still runs, so that the early loads use its DRAM time) take every row early.
   static_assert(GE >= -1 && GE <= RR && (GE < 0 || SR == 0) && GW >= 0,
                 "gdn: -1 <= GE <= RR (SR = 0), GW >= 0");
-  const bool all_early = GE < 0 || blockIdx.x < (unsigned)GW;
-  auto load_state = [&](auto Late) {
+  const bool all_early = GE < 0 || (GW > 0 && blockIdx.x < (unsigned)GW);
+  auto load_state = [&](bool late) {  // (a constant at each call: the loop folds)
 #pragma unroll
     for (int i = 0; i < RR; ++i)
-      if (decltype(Late)::value ? i >= GE && !all_early : i < GE || all_early)
+      if (late ? i >= GE && !all_early : i < GE || all_early)
         S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
   };
-  using Early = gdn_detail::Rows<0>;
-  using Late = gdn_detail::Rows<1>;
-  if constexpr (GE < 0) load_state(Early{});
+  if constexpr (GE < 0) load_state(false);
   // This thread's state row i, wherever it lives (i is a compile-time constant in unrolled loops).
   auto st_get = [&](int i) -> float4 { return i < RR ? S[i < RR ? i : 0] : Ss[(i - RR) * NT + tid]; };
   auto st_put = [&](int i, float4 v) {
@@ -334,7 +326,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   for (int i = tid; i < COLS / 4; i += NT) cp_async16(snw + 4 * i, norm_w + c0 + 4 * i);
   cp_async_commit();
-  if constexpr (GE >= 0) load_state(Early{});
+  if constexpr (GE >= 0) load_state(false);
   if constexpr (SR > 0) {
 #pragma unroll
     for (int i = RR; i < RW; ++i) cp_async16(Ss + (i - RR) * NT + tid, Sp + (size_t)i * RGR * DV);
@@ -378,7 +370,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
     if (t >= nt - RS) sm_m[(t - nt + RS) * NG + g] = m;
   }
   __syncthreads();
-  if constexpr (GE >= 0) load_state(Late{});
+  if constexpr (GE >= 0) load_state(true);
   // This block has read the ring. The last of the HV/HK·NS blocks of (b, κ) to get here writes
   // κ's q/k ring channels (step 3); it resets the counter, so every launch finds it at 0.
   // (The atomic's answer is first needed after the recurrence, so its round trip overlaps it.)

@@ -563,14 +563,10 @@ def gdn_state_rows_early(cfg: ModelConfig, pt: int, rs: int | None = None, batch
         return -1
     rows = cfg.linear_key_head_dim // 8
     if GDN_GE is not None:
-        try:
-            ge = int(GDN_GE)
-        except ValueError:
-            ge = -2
-        if not -1 <= ge <= rows:
+        if not (GDN_GE == "-1" or GDN_GE.isdigit() and int(GDN_GE) <= rows):
             raise UserError(f"QWEN38_GDN_GE={GDN_GE!r}: use -1 (every state row first) or 0 … "
                             f"{rows} rows before the conv, or leave it unset")
-        return ge
+        return int(GDN_GE)
     return rows if batch < GDN_GE_MIN_BATCH else 4
 
 
