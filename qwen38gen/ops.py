@@ -393,6 +393,72 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
 
+# wgmma_sk_q4 (kernels/wgmma_sk_q4.cuh, version 18): a producer warp and CW consumer warpgroups
+# sharing each activation tile (x in tile order), the (tile-block, part) units cut evenly over
+# about one block per SM, the bits gemv_q4's. (btg, shape kind) -> (CW, XS, PP), from
+# scripts/gemv_sweep.py (GEMV_SWEEP=sk, bench/2026-12-04-h200-v18-sk-sweep.txt, us under PDL
+# against WGMMA_XT_TABLE's schedule): 64 rows gate_up 55.6 against 71.6, the lm_head 347 against
+# 398, attn.in 28.3 against 30.7 (gdn.in 31.0 against 31.3); 32 rows gate_up 42.0 against 53.8,
+# the lm_head 253 against 294. The 32-row in projections (28 against 26), out and down (their
+# few tile-blocks cut over many blocks: chains of published sums) stay on wgmma_q4.
+# QWEN38_WGMMA_SK=0 turns it off (A/B runs); =all serves every launch that reads its input in
+# tile order with (CW 2, XS 4) — out, down and the tiny model's weights too, which the table does
+# not — so that `check` on the tiny model locks the kernel's bits in a whole program.
+WGMMA_SK_TABLE: dict[tuple[int, str], tuple[int, int, int]] = {
+    (64, "gate_up"): (3, 4, 0),
+    (64, "lm_head"): (3, 4, 0),
+    (64, "in"): (2, 4, 1),
+    (32, "gate_up"): (4, 6, 0),
+    (32, "lm_head"): (4, 6, 0),
+}
+WGMMA_SK = os.environ.get("QWEN38_WGMMA_SK", "1")
+SK_SMS = GEMM_SMS       # the grid a wgmma_sk_q4 launch fills: one block per SM
+
+
+def sk_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
+    """(CW, XS, PP) of wgmma_sk_q4 for this weight at batch tile btg, or None. Its input must be
+    in tile order: the caller asks only where wgmma_launch(..., xt=True) says XT = 1, as it does
+    for every shape the table serves."""
+    if WGMMA_SK not in ("0", "1", "all"):
+        raise UserError(f"QWEN38_WGMMA_SK={WGMMA_SK!r}: use 1 (the default: wgmma_sk_q4 where "
+                        "measured faster), 0 (never) or all (every tile-order launch), or leave it "
+                        "unset")
+    if WGMMA_SK == "all":
+        return 2, 4, 0
+    return WGMMA_SK_TABLE.get((btg, _shape_kind(rows, k))) if WGMMA_SK == "1" else None
+
+
+def sk_grid(rows: int, k: int, cw: int) -> tuple[int, int]:
+    """(G, TB): blocks per batch tile and tile-blocks (CW·64 rows) of a wgmma_sk_q4 launch; its
+    scratch is TB · pub floats and TB arrival flags per batch tile."""
+    tb = cdiv(cdiv(rows, 16), 4 * cw)
+    return min(SK_SMS, tb * min(GEMV_KS, k // 128)), tb
+
+
+def sk_pub_floats(btg: int, cw: int) -> int:
+    """fp32 of one published running sum (WgmmaSkLaunch::pub_floats)."""
+    return 128 * cw * (btg // 8) * 4
+
+
+def sk_smem(btg: int, cw: int, xs: int) -> int:
+    """WgmmaSkLaunch::dyn_smem_bytes: XS stages of an activation tile and 4·CW m-tiles of weights
+    and scales, and the stages' two mbarriers."""
+    return xs * (8 * (btg // 8) * 256 + 4 * cw * 66 * 16) + 16 * xs
+
+
+def sk_entry(k: int, btg: int, epi: int, cw: int, xs: int, pp: int) -> Entry:
+    ks = min(GEMV_KS, k // 128)
+    nt = btg // 8
+    smem = sk_smem(btg, cw, xs)
+    targs = f"{nt}, {ks}, {cw}, {xs}"
+    return Entry(name=f"q38_gemv_k{k}_sk{cw}_n{nt}_s{ks}_e{epi}_x{xs}" + ("_p1" if pp else "") + "_t1",
+                 call=f"q38::wgmma_sk_q4<{k}, {nt}, {ks}, {epi}, {cw}, {xs}, {pp}>",
+                 params=GEMM_PARAMS, threads=128 * (cw + 1), smem=smem, waits=True, min_blocks=1,
+                 asserts=(f"q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes == {smem}",
+                          f"q38::WgmmaSkLaunch<{targs}>::threads == {128 * (cw + 1)}",
+                          f"q38::WgmmaSkLaunch<{targs}>::pub_floats == {sk_pub_floats(btg, cw)}"))
+
+
 # ------------------------------------------------------------------------------------ plan
 @dataclass
 class Plan:
@@ -848,7 +914,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     eps = cfg.rms_norm_eps
     wgmma = lanes.arch == "sm_90a"
-    plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh"] if wgmma else []) + (MTP_HEADERS if K else []))
+    plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh", "wgmma_sk_q4.cuh"] if wgmma else [])
+                + (MTP_HEADERS if K else []))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     pts = sorted({1, lanes.pt} | ({KP} if K else set()))
@@ -950,6 +1017,16 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
+        sk = sk_launch(n_out, k, btg) if wgmma and xt else None
+        if sk:
+            cw, xs, pp = sk
+            e = plan.entry(sk_entry(k, btg, epi, cw, xs, pp))
+            G, TB = sk_grid(n_out, k, cw)
+            gy = cdiv(R, btg)
+            scratch["part"] = max(scratch["part"], sk_pub_floats(btg, cw) * TB * gy)
+            scratch["arrivals"] = max(scratch["arrivals"], TB * gy)
+            return {"k": e.name, "grid": [G, gy, 1],
+                    "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
         wl, gl = tensor_launch(wname, R, xt)
         if wl:

@@ -71,6 +71,11 @@ ABLATE = {
 ABLATE_BLOCKS = {2: 2, 1: 4}
 
 
+def tile_order(cfg) -> bool:
+    """The config reads x in wgmma_q4's activation tile order (XT)."""
+    return cfg[0] == "s" or (cfg[0] == "w" and bool(wcfg(cfg)[6]))
+
+
 def launch_smem(k, nt, cfg):
     """Dynamic shared memory a launch asks for: smem_of, padded for an ablated instance."""
     smem = smem_of(k, nt, cfg)
@@ -157,6 +162,20 @@ MERGE = {
     4: (32, [("w", 1, 1, 2, 8, 3, 1)]),
     3: (24, [("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 2, 4, 4, 1)]),
 }
+# GEMV_SWEEP=sk (version 18): wgmma_sk_q4 (kernels/wgmma_sk_q4.cuh: a producer warp, CW consumer
+# warpgroups sharing each activation tile, stream-K units over about one block per SM), configs
+# ("s", CW, XS, G[, PP]) with G = 0 for min(SMs, units), against the program's wgmma_q4 schedules
+# at 32 and 64 rows (the split ones of out and down too). The first config of each NT is the
+# bitwise reference.
+SKSWEEP = {
+    8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1), ("w", 1, 1, 2, 4, 3, 1),
+             ("w", 1, 1, 3, 8, 3, 1), ("s", 3, 4, 0), ("s", 3, 6, 0), ("s", 2, 4, 0, 1),
+             ("s", 2, 8, 0, 1)]),
+    4: (32, [("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 8, 3, 1),
+             ("s", 3, 8, 0), ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 4, 4, 0)]),
+}
+SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16),
+             ("out", 5120, 6144, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
          ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
 # GEMV_SWEEP=<mode>: (the configs, the shapes, or None for SHAPES) of each mode; any other
@@ -166,11 +185,14 @@ MODES = {
     "zs32": ({4: (32, _ZS32)}, None), "zs64": ({4: (64, _ZS32)}, None),
     "g16": (G16, None), "g64": (G64, None), "g1": (G1, None), "t24": (T24, None),
     "merge": (MERGE, [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]),
-    "waves": (WAVES, WAVE_SHAPES),
+    "waves": (WAVES, WAVE_SHAPES), "sk": (SKSWEEP, SK_SHAPES),
 }
 if os.environ.get("GEMV_SWEEP") in MODES:
     SWEEP, _shapes = MODES[os.environ["GEMV_SWEEP"]]
     SHAPES = _shapes or SHAPES
+if os.environ.get("GEMV_CFG"):   # only these configs (indices into each NT's list; 0 is kept)
+    _keep = {int(i) for i in os.environ["GEMV_CFG"].split(",")} | {0}
+    SWEEP = {nt: (r, [c for i, c in enumerate(cs) if i in _keep]) for nt, (r, cs) in SWEEP.items()}
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
@@ -196,7 +218,25 @@ def bcfg(cfg):
     return cfg if len(cfg) == 8 else cfg + (1,)
 
 
+SMS = 132  # an H200's SMs: wgmma_sk_q4's grid
+
+
+def scfg(cfg):
+    """("s", CW, XS, G[, PP]) with PP default 0."""
+    return tuple(cfg) + (0,) * (5 - len(cfg))
+
+
+def sk_grid(N, cfg):
+    """(G, TB) of a wgmma_sk_q4 launch: blocks per batch tile, tile-blocks."""
+    _, cw, _, g, _ = scfg(cfg)
+    tb = -(-(N // 16) // (4 * cw))
+    return (g or min(SMS, tb * KS_MAX)), tb
+
+
 def name(k, nt, cfg):
+    if cfg[0] == "s":
+        _, cw, xs, g, pp = scfg(cfg)
+        return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
     if cfg[0] == "w":
         _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
         return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
@@ -211,6 +251,9 @@ def name(k, nt, cfg):
 
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
+    if cfg[0] == "s":
+        _, cw, xs, _, _ = scfg(cfg)
+        return xs * (8 * nt * 256 + 4 * cw * 66 * 16) + 16 * xs
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _, xt, _, _ = wcfg(cfg)
         return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
@@ -223,6 +266,10 @@ def smem_of(k, nt, cfg):
 
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
+    if cfg[0] == "s":
+        g, tb = sk_grid(N, cfg)
+        gy = -(-R // (8 * nt))
+        return (g, gy, 1), (128 * (cfg[1] + 1), 1, 1), 128 * cfg[1] * nt * 4 * tb * gy
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
@@ -250,10 +297,14 @@ def instances():
 def source() -> str:
     """One entry point per instance, all with the gemm signature (the part scratch and the
     arrival counters, unused by gemv_q4)."""
-    out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"']
+    out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"', '#include "wgmma_sk_q4.cuh"']
     for k, nt, cfg in instances():
         ks = ks_of(k)
-        if cfg[0] == "w":
+        if cfg[0] == "s":
+            _, cw, xs, _, pp = scfg(cfg)
+            threads, mb = 128 * (cw + 1), 1
+            call = f"wgmma_sk_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {pp}>"
+        elif cfg[0] == "w":
             _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
             threads = 128 * wg
             call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
@@ -265,7 +316,7 @@ def source() -> str:
             threads = 32 * ks // zs
             call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}" + (
                 f", 0, {zs}>" if zs > 1 else ">")
-        tail = ", part, arr" if cfg[0] in "wg" else ""
+        tail = ", part, arr" if cfg[0] in "wgs" else ""
         cl = f" __cluster_dims__({bcfg(cfg)[6]}, 1, 1)" if cfg[0] == "b" and bcfg(cfg)[6] > 1 else ""
         out.append(
             f'extern "C" __global__ void __launch_bounds__({threads}, {mb}){cl} {name(k, nt, cfg)}('
@@ -326,7 +377,7 @@ def run(cubin: str, reps: int = 20):
             xb = (xh.view(np.uint32) >> 16).astype(np.uint16)
             x = drv.to_device(xb)
             xt_dev = drv.to_device(_tile(xb, nt)) if any(
-                c[0] == "w" and wcfg(c)[6] for c in cfgs) else x
+                tile_order(c) for c in cfgs) else x
             y = drv.mem_alloc(R * N * 2)
             ref = None
             for cfg in cfgs:
@@ -338,11 +389,12 @@ def run(cubin: str, reps: int = 20):
                 allow_dynamic_smem(fn, sm)
                 grid, block, pf = shape_of(N, R, nt, K, cfg)
                 part = drv.mem_alloc(4 * pf)
-                arr = drv.mem_alloc(4 * grid[0] * grid[1])
-                drv.memset_d32(arr, 0, grid[0] * grid[1])
+                narr = grid[1] * (sk_grid(N, cfg)[1] if cfg[0] == "s" else grid[0])
+                arr = drv.mem_alloc(4 * narr)
+                drv.memset_d32(arr, 0, narr)
                 scratch.extend([part, arr])
 
-                xin = xt_dev if cfg[0] == "w" and wcfg(cfg)[6] else x
+                xin = xt_dev if tile_order(cfg) else x
 
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], xin, np.int32(K), y, np.int32(N), np.int32(N),
@@ -354,7 +406,7 @@ def run(cubin: str, reps: int = 20):
                 except drv.Error as e:
                     print(f"{sname} R={R} {cfg}: launch failed ({e}), smem {sm}", flush=True)
                     continue
-                left = drv.from_device(arr, (grid[0] * grid[1],), np.int32)
+                left = drv.from_device(arr, (narr,), np.int32)
                 if left.any():
                     print(f"{sname} R={R} {cfg}: arrival counters not reset", flush=True)
                     continue
@@ -374,6 +426,7 @@ def run(cubin: str, reps: int = 20):
                                       ptr(int(y)), np.int32(N), np.int32(N), np.int32(R),
                                       ptr(int(part)), ptr(int(arr))]) for i in range(ncopy)]
                 tp = time_back_to_back(drv, s, lambda i: pdl.launch(preps[i % ncopy], s.handle), reps)
+                print(f"  {sname} R={R} {cfg}: {tp * 1e6:.1f} us under PDL, same {same}", flush=True)
                 results.append({"shape": sname, "N": N, "K": K, "R": R, "nt": nt,
                                 "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
                                 "us_pdl": tp * 1e6, "gbs_pdl": (wb + sb) / tp / 1e9,

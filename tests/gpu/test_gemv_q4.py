@@ -614,3 +614,148 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
     if not seen:
         pytest.skip(f"ops picks no wgmma_q4 launch for {N} x {K}")
     print(f"wgmma_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
+
+
+# wgmma_sk_q4 (kernels/wgmma_sk_q4.cuh): configs (NT, CW, XS, PP), each launched over grids of
+# G blocks per batch tile that cut the (tile-block, part) units into whole tile-blocks, heads and
+# tails (G <= TB), and middles too (G > TB: a tile-block over three or more blocks).
+SK_CONFIGS = [(8, 3, 4, 0), (8, 2, 4, 1), (4, 4, 6, 0), (4, 2, 3, 1), (3, 2, 4, 0), (2, 2, 2, 1)]
+_SK: dict = {}
+
+
+def _sk_kernels(K: int, ks: int) -> dict:
+    """The SK_CONFIGS instances of one K, both epilogues, in one module: (nt, cw, xs, pp, epi) ->
+    (function, dynamic smem)."""
+    if K not in _SK:
+        src = ['#include "wgmma_sk_q4.cuh"']
+        names = {}
+        for nt, cw, xs, pp in SK_CONFIGS:
+            for epi in (0, 1):
+                name = f"sk_{K}_{nt}_{cw}_{xs}_{pp}_{epi}"
+                targs = f"{nt}, {ks}, {cw}, {xs}"
+                src.append(f"""
+extern "C" __global__ void __launch_bounds__({128 * (cw + 1)}, 1)
+{name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+       int N, int R, float* part, int* arrivals) {{
+  q38::wgmma_sk_q4<{K}, {nt}, {ks}, {epi}, {cw}, {xs}, {pp}>(q, s, x, ldx, y, ldy, N, R, part,
+                                                            arrivals);
+}}
+static_assert(q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes == {ops.sk_smem(8 * nt, cw, xs)},
+              "ops.sk_smem");
+static_assert(q38::WgmmaSkLaunch<{targs}>::pub_floats == {ops.sk_pub_floats(8 * nt, cw)},
+              "ops.sk_pub_floats");""")
+                names[(nt, cw, xs, pp, epi)] = name
+        mod = build("\n".join(src), arch="sm_90a")
+        _SK[K] = {}
+        for key, name in names.items():
+            fn = mod.get_function(name)
+            smem = ops.sk_smem(8 * key[0], key[1], key[2])
+            allow_dynamic_smem(fn, smem)
+            _SK[K][key] = (fn, smem)
+    return _SK[K]
+
+
+def _run_sk(k, qw, sc, xt, y, N, R, nt, cw, G):
+    """Launch wgmma_sk_q4 over G blocks per batch tile (x in tile order); returns the flags
+    (every launch must leave them at 0)."""
+    import pycuda.gpuarray as ga
+
+    fn, smem = k
+    tb = -(-qw.shape[0] // (4 * cw))
+    gy = -(-R // (8 * nt))
+    part = ga.empty(ops.sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
+    part.fill(np.float32(np.nan))
+    arrivals = ga.zeros(tb * gy, np.int32)
+    fn(qw.gpudata, sc.gpudata, xt.gpudata, np.int32(qw.shape[1] * 64), y.gpudata,
+       np.int32(y.shape[1]), np.int32(N), np.int32(R), part.gpudata, arrivals.gpudata,
+       block=(128 * (cw + 1), 1, 1), grid=(G, gy), shared=smem)
+    return arrivals.get()
+
+
+@pytest.mark.parametrize("N,K", [(24576 + 16, 256), (3072 + 512 + 512, 512), (96, 5120),
+                                 (5120, 6144), (640, 1024)])
+def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
+    """wgmma_sk_q4, given x in tile order, gives gemv_q4's bits on the same x in rows for every
+    config and both epilogues, over grids that make heads, tails and middles (a tile-block's
+    running sum handed over two or more times), partial batch tiles and several batch tiles, rows
+    that do not fill the last tile-block, and leaves its flags at 0."""
+    rng = np.random.default_rng([N, K, 18])
+    qweight, sc, wdq = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    kern = _sk_kernels(K, ks)
+    tried = 0
+    for nt, cw, xs, pp in SK_CONFIGS:
+        tb = -(-qweight.shape[0] // (4 * cw))
+        grids = sorted({1, 3, min(tb, 7), min(132, tb * ks), tb * ks})
+        for epi in (0, 1):
+            ref_fn = _kernel(K, 1, nt, ks, epi)
+            for R, G in [(1, grids[-1]), (8 * nt, grids[0]), (8 * nt + 5, grids[1])] + \
+                    [(3 * 8 * nt + 2, g) for g in grids[2:]]:
+                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                arr = _run_sk(kern[(nt, cw, xs, pp, epi)], qw_d, sc_d, xt, got, N, R, nt, cw, G)
+                cfg = (nt, cw, xs, pp, G)
+                assert not arr.any(), f"wgmma_sk {cfg} R={R}: flags left {arr}"
+                g = got.get()
+                if not epi:
+                    e = rel_err(g, xh.astype(np.float64) @ wdq.T)
+                    assert e < TOL, f"N={N} K={K} wgmma_sk {cfg} R={R}: rel err {e:.2e}"
+                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} wgmma_sk {cfg} epi={epi} R={R}: bits differ"
+                tried += 1
+    assert tried
+    print(f"wgmma_sk_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
+
+
+@pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (65536 + 16, 256), (24576 + 16, 256)])
+def test_wgmma_sk_program_configs_bitwise(cuda_ctx, N, K):
+    """The configs and grids ops.sk_launch / ops.sk_grid give the sm_90a program (in-projection-,
+    lm_head- and gate_up-sized weights) at btg 32 and 64 give gemv_q4's bits, both epilogues."""
+    rng = np.random.default_rng([N, K, 19])
+    qweight, sc, _ = _weights(rng, N, K)
+    qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
+    ks = min(8, K // 128)
+    seen = set()
+    for btg in (32, 64):
+        nt = btg // 8
+        sk = ops.sk_launch(N, K, btg)
+        if sk is None:
+            continue
+        cw, xs, pp = sk
+        G, _ = ops.sk_grid(N, K, cw)
+        src = ['#include "wgmma_sk_q4.cuh"']
+        for epi in (0, 1):
+            src.append(f"""
+extern "C" __global__ void __launch_bounds__({128 * (cw + 1)}, 1)
+skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
+          int N, int R, float* part, int* arrivals) {{
+  q38::wgmma_sk_q4<{K}, {nt}, {ks}, {epi}, {cw}, {xs}, {pp}>(q, s, x, ldx, y, ldy, N, R, part,
+                                                            arrivals);
+}}""")
+        mod = build("\n".join(src), arch="sm_90a")
+        fns = {}
+        for epi in (0, 1):
+            fns[epi] = (mod.get_function(f"skp_{epi}"), ops.sk_smem(btg, cw, xs))
+            allow_dynamic_smem(fns[epi][0], fns[epi][1])
+        for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
+            for epi in (0, 1):
+                ref_fn = _kernel(K, 1, nt, ks, epi)
+                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
+                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+                want = to_gpu(res) if epi else poisoned((R, N), BF16)
+                got = to_gpu(res) if epi else poisoned((R, N), BF16)
+                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
+                arr = _run_sk(fns[epi], qw_d, sc_d, xt, got, N, R, nt, cw, G)
+                assert not arr.any()
+                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
+                    f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G} epi={epi} R={R}: bits differ"
+                seen.add((btg, sk, G))
+    if not seen:
+        pytest.skip(f"ops picks no wgmma_sk_q4 launch for {N} x {K}")
+    print(f"wgmma_sk_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
