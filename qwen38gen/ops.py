@@ -399,8 +399,11 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
 # scripts/gemv_sweep.py (GEMV_SWEEP=sk, bench/2026-12-04-h200-v18-sk-sweep.txt, us under PDL
 # against WGMMA_XT_TABLE's schedule): 64 rows gate_up 55.6 against 71.6, the lm_head 347 against
 # 398, attn.in 28.3 against 30.7 (gdn.in 31.0 against 31.3); 32 rows gate_up 42.0 against 53.8,
-# the lm_head 253 against 294. The 32-row in projections (28 against 26), out and down (their
-# few tile-blocks cut over many blocks: chains of published sums) stay on wgmma_q4.
+# the lm_head 253 against 294; 24 rows (GEMV_SWEEP=sk16, -sk-sweep-16-24.txt) gate_up 40.1
+# against 52.2, the lm_head 240 against 287. The 24- and 32-row in projections (25.5 against
+# 24.6, 28 against 26), out and down (their few tile-blocks cut over many blocks: chains of
+# published sums) stay on wgmma_q4, and 16 rows on gemv_q4 (gate_up 37.1 against 38.0, without
+# the SwiGLU epilogue gemv_q4 fuses; the in projections 21-23 against 18).
 # QWEN38_WGMMA_SK=0 turns it off (A/B runs); =all serves every launch that reads its input in
 # tile order with (CW 2, XS 4) — out, down and the tiny model's weights too, which the table does
 # not — so that `check` on the tiny model locks the kernel's bits in a whole program.
@@ -410,6 +413,8 @@ WGMMA_SK_TABLE: dict[tuple[int, str], tuple[int, int, int]] = {
     (64, "in"): (2, 4, 1),
     (32, "gate_up"): (4, 6, 0),
     (32, "lm_head"): (4, 6, 0),
+    (24, "gate_up"): (4, 6, 0),
+    (24, "lm_head"): (4, 6, 0),
 }
 WGMMA_SK = os.environ.get("QWEN38_WGMMA_SK", "1")
 SK_SMS = GEMM_SMS       # the grid a wgmma_sk_q4 launch fills: one block per SM

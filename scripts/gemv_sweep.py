@@ -174,6 +174,14 @@ SKSWEEP = {
     4: (32, [("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 2, 8, 3, 1),
              ("s", 3, 8, 0), ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 4, 4, 0)]),
 }
+# GEMV_SWEEP=sk16: the same at 16 and 24 rows, against gemv_q4 (16 rows, the program's) and the
+# 24-row wgmma_q4 schedules of gate_up and the in projections.
+SK16 = {
+    2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("s", 2, 4, 0), ("s", 2, 8, 0), ("s", 4, 4, 0),
+             ("s", 4, 8, 0), ("s", 2, 6, 0, 1), ("s", 4, 6, 0, 1)]),
+    3: (24, [("w", 1, 1, 2, 4, 4, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 3, 1),
+             ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 2, 6, 0, 1), ("s", 4, 4, 0, 1)]),
+}
 SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16),
              ("out", 5120, 6144, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
@@ -186,6 +194,7 @@ MODES = {
     "g16": (G16, None), "g64": (G64, None), "g1": (G1, None), "t24": (T24, None),
     "merge": (MERGE, [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]),
     "waves": (WAVES, WAVE_SHAPES), "sk": (SKSWEEP, SK_SHAPES),
+    "sk16": (SK16, SK_SHAPES),
 }
 if os.environ.get("GEMV_SWEEP") in MODES:
     SWEEP, _shapes = MODES[os.environ["GEMV_SWEEP"]]

@@ -167,6 +167,16 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
         if zs > 1:
             assert part >= need and arrivals >= gx * gy
             assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
+    # wgmma_sk_q4: one block per SM at most, its published sums and flags in the scratch
+    for L in (L for L in launches if re.match(r"q38_gemv_k\d+_sk", L["k"])):
+        k, cw, nt = (int(v) for v in re.match(r"q38_gemv_k(\d+)_sk(\d+)_n(\d+)_", L["k"]).groups())
+        n_out = L["args"][6][1]
+        G, tb = ops.sk_grid(n_out, k, cw)
+        gx, gy, gz = L["grid"]
+        assert (gx, gz) == (G, 1) and G <= ops.SK_SMS
+        assert part >= ops.sk_pub_floats(8 * nt, cw) * tb * gy and arrivals >= tb * gy
+        assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
+        assert m["kernels"][L["k"]]["smem"] <= 227 * 1024
 
 
 @pytest.mark.parametrize("batch,staged", [(1, True), (8, True), (16, False)])
@@ -295,6 +305,31 @@ def test_gdn_sr_and_ge_knobs(monkeypatch):
         monkeypatch.setattr(ops, "GDN_GE", bad)
         with pytest.raises(UserError, match="QWEN38_GDN_GE.*-1.*0 … 16"):
             ops.gdn_launch(cfg, 1, batch=64) and ops.gdn_entry(cfg, 1, batch=64)
+
+
+def test_wgmma_sk_where_the_table_says(monkeypatch):
+    """wgmma_sk_q4 serves the 27B's gate_up and lm_head at btg 24, 32 and 64 and its in
+    projections at 64, on sm_90a only, nothing at btg 16 or on the tiny model by default;
+    QWEN38_WGMMA_SK=0 removes it, =all puts it on every tile-order launch (the tiny model's too,
+    for `check`), and any other value is a UserError naming the knob and its values."""
+    from qwen38gen import ops
+
+    def sk_weights(model, batch, arch="sm_90a"):
+        prog = emit_program(PRESETS[model], Lanes.make(batch, pt=1, arch=arch))
+        return sorted({L["args"][0][1].split(".")[-1] for L in prog.manifest["schedule"]["decode"]
+                       if "_sk" in L["k"]})
+
+    assert sk_weights("qwen3.8-27b", 64) == ["gate_up", "in", "lm_head"]
+    assert sk_weights("qwen3.8-27b", 32) == sk_weights("qwen3.8-27b", 24) == ["gate_up", "lm_head"]
+    assert sk_weights("qwen3.8-27b", 16) == sk_weights("qwen3.8-27b", 64, "sm_90") == []
+    assert sk_weights("tiny", 64) == []
+    monkeypatch.setattr(ops, "WGMMA_SK", "0")
+    assert sk_weights("qwen3.8-27b", 64) == []
+    monkeypatch.setattr(ops, "WGMMA_SK", "all")
+    assert sk_weights("tiny", 64) == ["down", "gate_up", "in", "lm_head", "out"]
+    monkeypatch.setattr(ops, "WGMMA_SK", "yes")
+    with pytest.raises(UserError, match="QWEN38_WGMMA_SK='yes'.*1.*0.*all"):
+        emit_program(PRESETS["qwen3.8-27b"], Lanes.make(64, pt=1))
 
 
 def test_gemv_split_knob(monkeypatch):

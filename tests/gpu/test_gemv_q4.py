@@ -715,13 +715,13 @@ def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (65536 + 16, 256), (24576 + 16, 256)])
 def test_wgmma_sk_program_configs_bitwise(cuda_ctx, N, K):
     """The configs and grids ops.sk_launch / ops.sk_grid give the sm_90a program (in-projection-,
-    lm_head- and gate_up-sized weights) at btg 32 and 64 give gemv_q4's bits, both epilogues."""
+    lm_head- and gate_up-sized weights) at btg 24, 32 and 64 give gemv_q4's bits, both epilogues."""
     rng = np.random.default_rng([N, K, 19])
     qweight, sc, _ = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
     ks = min(8, K // 128)
     seen = set()
-    for btg in (32, 64):
+    for btg in (24, 32, 64):
         nt = btg // 8
         sk = ops.sk_launch(N, K, btg)
         if sk is None:
