@@ -116,6 +116,36 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// mbarriers in shared memory (addresses as __cvta_generic_to_shared gives them): a ring's stages
+// handed between a producer and consumers without block barriers (wgmma_sk_q4).
+__device__ __forceinline__ void mbar_init(unsigned a, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+// Arrives and expects `bytes` more of transactions (bulk copies counted on this barrier).
+__device__ __forceinline__ void mbar_arrive_tx(unsigned a, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+}
+// Arrives once this thread's earlier cp.async copies have landed (counted in the init count).
+__device__ __forceinline__ void mbar_arrive_cp(unsigned a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(a),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared by the bulk-copy
+// engine, counted on barrier `bar` as transaction bytes.
+__device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 }  // namespace q38
 
 namespace q38 {

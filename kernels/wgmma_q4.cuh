@@ -159,6 +159,25 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
+// One warp's A fragments of its m-tile for one group (wgmma_q4, wgmma_sk_q4), dequantized from
+// its ring slot: 64 uint4 of codes (lane l's 16 bytes of k-tile h at [32h + l]) then 2 uint4 of
+// the m-tile's 16 bf16 scales; sw gets the scales of rows g and g+8, packed. RAW (an ablation of
+// scripts/gemv_sweep.py only): the code words as they are, no unpacking.
+template <bool RAW = false>
+__device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32_t (&a)[8][4], uint32_t& sw) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint4 wv = slot[32 * h + lane];
+    const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[4 * h + i][j] = RAW ? wi[i] + j : q4_pair(wi[i], j);
+  }
+  const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
+  const int g = lane >> 2;
+  sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+}
 // Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
@@ -321,19 +340,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB) +
                       warp * MW * 66;
 #pragma unroll
-    for (int b = 0; b < MW; ++b) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 wv = ws[b * 66 + 32 * h + lane];
-        const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) a[p][b][4 * h + i][j] = (AB & 2) ? wi[i] + j : q4_pair(wi[i], j);
-      }
-      const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + b * 66 + 64);
-      sw[p][b] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
-    }
+    for (int b = 0; b < MW; ++b) wgmma_slot_a<(AB & 2) != 0>(ws + b * 66, lane, a[p][b], sw[p][b]);
     uint64_t desc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {

@@ -72,29 +72,6 @@ struct WgmmaSkLaunch {
 };
 
 namespace sk {
-__device__ __forceinline__ void mb_init(unsigned a, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(unsigned a) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_arrive_tx(unsigned a, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
-}
-// Arrives on the barrier once this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void mb_arrive_cp(unsigned a) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_wait(unsigned a, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(a),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
 // The consumer warpgroups only (named barrier 1; the producer warp never takes part).
 template <int N>
 __device__ __forceinline__ void consumers_sync() {
@@ -183,8 +160,8 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
 
   if (tid == 0) {
     for (int s = 0; s < XS; ++s) {
-      sk::mb_init(full0 + 8 * s, 33);        // 32 lanes' cp.async + the bulk copy's expect_tx
-      sk::mb_init(empty0 + 8 * s, 4 * CW);   // every consumer warp
+      mbar_init(full0 + 8 * s, 33);        // 32 lanes' cp.async + the bulk copy's expect_tx
+      mbar_init(empty0 + 8 * s, 4 * CW);   // every consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -210,12 +187,12 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
         cp_async16_s(d + (m * 66 + 64 + (lane & 1)) * 16,
                      reinterpret_cast<const uint4*>(scales + ((size_t)t * NG + c.gi) * 16) + (lane & 1));
       }
-      sk::mb_arrive_cp(full0 + 8 * s);
+      mbar_arrive_cp(full0 + 8 * s);
     };
     auto load_x = [&](int s, const Cur& c) {
       if (lane == 0) {
-        sk::mb_arrive_tx(full0 + 8 * s, XB);
-        sk::bulk_copy(smem0 + s * XB, xsrc + (size_t)c.gi * XB, XB, full0 + 8 * s);
+        mbar_arrive_tx(full0 + 8 * s, XB);
+        bulk_copy_g2s(smem0 + s * XB, xsrc + (size_t)c.gi * XB, XB, full0 + 8 * s);
       }
     };
     Cur cw(pl), cx(pl);
@@ -225,7 +202,7 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
     for (int j = 0; j < k; ++j, cx.next()) load_x(j, cx);
     for (; cw.valid(); ++k, cw.next()) {
       const int s = k % XS;
-      sk::mb_wait(empty0 + 8 * s, ((k / XS) - 1) & 1);
+      mbar_wait(empty0 + 8 * s, ((k / XS) - 1) & 1);
       load_w(s, cw);
       load_x(s, cw);
     }
@@ -251,20 +228,10 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
   auto issue = [&](auto P, int k, const Cur& cu) {
     constexpr int q = decltype(P)::value;
     const int s = k % XS;
-    sk::mb_wait(full0 + 8 * s, (k / XS) & 1);
-    const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sk_smem) + XS * XB + s * WB) +
-                      warp * 66;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint4 wv = ws[32 * h + lane];
-      const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[q][4 * h + i][j] = q4_pair(wi[i], j);
-    }
-    const unsigned short* sp = reinterpret_cast<const unsigned short*>(ws + 64);
-    sw[q] = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+    mbar_wait(full0 + 8 * s, (k / XS) & 1);
+    wgmma_slot_a(reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sk_smem) + XS * XB + s * WB) +
+                     warp * 66,
+                 lane, a[q], sw[q]);
     uint64_t desc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -282,7 +249,7 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
   auto finish = [&](auto P, int k, const Cur& cu) {
     constexpr int q = decltype(P)::value;
     __syncwarp();
-    if (lane == 0) sk::mb_arrive(empty0 + 8 * (k % XS));  // this warp is done with the stage
+    if (lane == 0) mbar_arrive(empty0 + 8 * (k % XS));  // this warp is done with the stage
     wgmma_fence_regs<NT>(pt[q]);
     q4_scale_add<NT>(acc, pt[q], sw[q]);
     if (!cu.part_end()) return;

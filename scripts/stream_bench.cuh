@@ -146,21 +146,6 @@ SB_LAUNCH_CD(0, 2)
 // consumers read a stage, release it, then run the C-FMA chain on what they read. So the loads
 // never wait behind the compute of the same warps, as they do in sb_per_launch.
 namespace sb {
-__device__ __forceinline__ void mb_init(uint32_t a, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t a) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_arrive_cp(uint32_t a) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint32_t a, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(a),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
                : "memory");
@@ -179,8 +164,8 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int i = 0; i < R; ++i) {
-      sb::mb_init(bar_s + 8 * i, 32);
-      sb::mb_init(bar_s + 8 * (R + i), 8);
+      q38::mbar_init(bar_s + 8 * i, 32);
+      q38::mbar_init(bar_s + 8 * (R + i), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -190,7 +175,7 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
     for (long k = 0; k < steps; ++k) {
       const int st = (int)(k % R);
       if (k == R) q38::pdl_wait();
-      if (k >= R) sb::mb_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
+      if (k >= R) q38::mbar_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
       const long u = blockIdx.x + (k / S) * gridDim.x;
       const long base = (u * S + k % S) * sb::STEP_U4;
 #pragma unroll
@@ -198,17 +183,17 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
         const long i = base + c * 32 + lane;
         sb::cp16(ring_s + (uint32_t)(st * sb::STEP_U4 + c * 32 + lane) * 16, m + (i < n16 ? i : 0), i < n16);
       }
-      sb::mb_arrive_cp(bar_s + 8 * st);
+      q38::mbar_arrive_cp(bar_s + 8 * st);
     }
     if (steps <= R) q38::pdl_wait();
   } else {  // the consumers: thread t uses uint4 t and t + 256 of every step
     q38::pdl_wait();
     for (long k = 0; k < steps; ++k) {
       const int st = (int)(k % R);
-      sb::mb_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
+      q38::mbar_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
       const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
       __syncwarp();
-      if (lane == 0) sb::mb_arrive(bar_s + 8 * (R + st));
+      if (lane == 0) q38::mbar_arrive(bar_s + 8 * (R + st));
       acc ^= sb::work<C>(sb::fold(a) ^ sb::fold(b));
     }
   }

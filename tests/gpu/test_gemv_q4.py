@@ -672,6 +672,25 @@ def _run_sk(k, qw, sc, xt, y, N, R, nt, cw, G):
     return arrivals.get()
 
 
+def _sk_against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi, kern, cw, G, what):
+    """One wgmma_sk_q4 launch over fresh x (in tile order) against gemv_q4 on the same x in
+    rows: NaN-poisoned (EPI_STORE) or random residual (EPI_ADD) outputs, the flags left at 0,
+    the bits equal, and (store) the result near the fp64 product."""
+    xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+    x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
+    res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+    want = to_gpu(res) if epi else poisoned((R, N), BF16)
+    got = to_gpu(res) if epi else poisoned((R, N), BF16)
+    _run(_kernel(K, 1, nt, ks, epi), qw_d, sc_d, x, want, N, R, 1, nt, ks)
+    arr = _run_sk(kern, qw_d, sc_d, xt, got, N, R, nt, cw, G)
+    assert not arr.any(), f"{what} R={R}: flags left {arr}"
+    g = got.get()
+    if not epi and wdq is not None:
+        e = rel_err(g, xh.astype(np.float64) @ wdq.T)
+        assert e < TOL, f"{what} R={R}: rel err {e:.2e}"
+    assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), f"{what} epi={epi} R={R}: bits differ"
+
+
 @pytest.mark.parametrize("N,K", [(24576 + 16, 256), (3072 + 512 + 512, 512), (96, 5120),
                                  (5120, 6144), (640, 1024)])
 def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
@@ -689,24 +708,11 @@ def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
         tb = -(-qweight.shape[0] // (4 * cw))
         grids = sorted({1, 3, min(tb, 7), min(132, tb * ks), tb * ks})
         for epi in (0, 1):
-            ref_fn = _kernel(K, 1, nt, ks, epi)
             for R, G in [(1, grids[-1]), (8 * nt, grids[0]), (8 * nt + 5, grids[1])] + \
                     [(3 * 8 * nt + 2, g) for g in grids[2:]]:
-                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
-                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                arr = _run_sk(kern[(nt, cw, xs, pp, epi)], qw_d, sc_d, xt, got, N, R, nt, cw, G)
-                cfg = (nt, cw, xs, pp, G)
-                assert not arr.any(), f"wgmma_sk {cfg} R={R}: flags left {arr}"
-                g = got.get()
-                if not epi:
-                    e = rel_err(g, xh.astype(np.float64) @ wdq.T)
-                    assert e < TOL, f"N={N} K={K} wgmma_sk {cfg} R={R}: rel err {e:.2e}"
-                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} wgmma_sk {cfg} epi={epi} R={R}: bits differ"
+                _sk_against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi,
+                                 kern[(nt, cw, xs, pp, epi)], cw, G,
+                                 f"N={N} K={K} wgmma_sk {(nt, cw, xs, pp, G)}")
                 tried += 1
     assert tried
     print(f"wgmma_sk_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
@@ -744,17 +750,8 @@ skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::
             allow_dynamic_smem(fns[epi][0], fns[epi][1])
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             for epi in (0, 1):
-                ref_fn = _kernel(K, 1, nt, ks, epi)
-                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
-                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                arr = _run_sk(fns[epi], qw_d, sc_d, xt, got, N, R, nt, cw, G)
-                assert not arr.any()
-                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G} epi={epi} R={R}: bits differ"
+                _sk_against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi, fns[epi], cw, G,
+                                 f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G}")
                 seen.add((btg, sk, G))
     if not seen:
         pytest.skip(f"ops picks no wgmma_sk_q4 launch for {N} x {K}")
