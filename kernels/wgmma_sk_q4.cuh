@@ -48,6 +48,9 @@ namespace q38 {
 
 template <int NT, int KS, int CW, int XS>
 struct WgmmaSkLaunch {
+  // At most 4: the producer's 32 lanes copy the 2·MT = 8·CW 16-byte scale chunks of a stage,
+  // one each (a run with CW 5 and 6 left the last m-tiles without scales: bench/NOTES.md,
+  // version 18).
   static_assert(CW >= 1 && CW <= 4, "wgmma_sk_q4: 1 to 4 consumer warpgroups");
   static_assert(XS >= 2 && XS <= 16, "wgmma_sk_q4: 2 <= XS <= 16 ring stages");
   static constexpr int consumers = 128 * CW;
