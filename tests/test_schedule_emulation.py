@@ -34,6 +34,25 @@ def test_schedule_matches_reference(setup, B, pt, btg):
     epilogue (ops.swiglu_fuses) in the decode steps."""
     cfg, t, ref = setup
     man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt)).manifest
+    _check_against_reference(cfg, t, ref, man, B, pt, btg)
+
+
+def test_schedule_with_wgmma_sk_matches_reference(setup, monkeypatch):
+    """QWEN38_WGMMA_SK=all (how `check` locks wgmma_sk_q4 on the tiny model): every tile-order
+    GEMV is a wgmma_sk_q4 launch, with its scratch arguments and one block per SM; the
+    schedule's wiring still gives the reference's logits."""
+    from qwen38gen import ops
+
+    cfg, t, ref = setup
+    monkeypatch.setattr(ops, "WGMMA_SK", "all")
+    man = emit_program(cfg, Lanes.make(40, btg=64, pt=4)).manifest
+    sk = [L for L in man["schedule"]["decode"] if "_sk" in L["k"]]
+    assert len(sk) == 4 * cfg.num_hidden_layers + 1   # in, out, gate_up, down, and the lm_head
+    assert all(L["grid"][0] <= ops.SK_SMS and L["args"][-1][1] == "gemm_arrivals" for L in sk)
+    _check_against_reference(cfg, t, ref, man, 40, 4, 64)
+
+
+def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     if B in (1, 16):
         assert any("_e2_" in L["k"] for L in man["schedule"]["decode"])
     if btg == 64:
