@@ -227,8 +227,8 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   pdl_wait();  // y (EPI_ADD reads it) and the published sums belong to this launch
 
-  // Unit k (at cursor cu): wait for its stage, dequantize into set P, issue its 8 wgmmas.
-  auto issue = [&](auto P, int k, const Cur& cu) {
+  // Unit k: wait for its stage, dequantize into set P, issue its 8 wgmmas.
+  auto issue = [&](auto P, int k) {
     constexpr int q = decltype(P)::value;
     const int s = k % XS;
     mbar_wait(full0 + 8 * s, (k / XS) & 1);
@@ -309,18 +309,17 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
   int k = 0;
   if constexpr (PP == 0) {
     for (; ci.valid(); ++k, ci.next()) {
-      issue(P0{}, k, ci);
+      issue(P0{}, k);
       wgmma_wait<0>();
       finish(P0{}, k, ci);
     }
   } else {
     // Steady state: issue k+1, wait for k (k+1's wgmmas left in flight), finish k.
     if (!ci.valid()) return;
-    issue(P0{}, k, ci);
+    issue(P0{}, k);
     ci.next();
-    for (;;) {
-      if (!ci.valid()) break;
-      issue(P1{}, k + 1, ci);
+    while (ci.valid()) {
+      issue(P1{}, k + 1);
       ci.next();
       wgmma_wait<1>();
       finish(P0{}, k, cf);
@@ -331,7 +330,7 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
         finish(P1{}, k, cf);
         return;
       }
-      issue(P0{}, k + 1, ci);
+      issue(P0{}, k + 1);
       ci.next();
       wgmma_wait<1>();
       finish(P1{}, k, cf);

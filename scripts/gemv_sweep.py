@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.weights import tile_activations as _tile  # noqa: E402
-from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, wgmma_part_floats,  # noqa: E402
-                           wgmma_smem)
+from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, sk_pub_floats,  # noqa: E402
+                           sk_smem, wgmma_part_floats, wgmma_smem)
+from qwen38gen.ops import sk_grid as ops_sk_grid  # noqa: E402
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
@@ -227,19 +228,17 @@ def bcfg(cfg):
     return cfg if len(cfg) == 8 else cfg + (1,)
 
 
-SMS = 132  # an H200's SMs: wgmma_sk_q4's grid
-
-
 def scfg(cfg):
     """("s", CW, XS, G[, PP]) with PP default 0."""
     return tuple(cfg) + (0,) * (5 - len(cfg))
 
 
-def sk_grid(N, cfg):
-    """(G, TB) of a wgmma_sk_q4 launch: blocks per batch tile, tile-blocks."""
+def sk_grid(N, K, cfg):
+    """(G, TB) of a wgmma_sk_q4 launch: blocks per batch tile (the config's G, else the
+    program's), tile-blocks."""
     _, cw, _, g, _ = scfg(cfg)
-    tb = -(-(N // 16) // (4 * cw))
-    return (g or min(SMS, tb * KS_MAX)), tb
+    G, tb = ops_sk_grid(N, K, cw)
+    return g or G, tb
 
 
 def name(k, nt, cfg):
@@ -262,7 +261,7 @@ def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "s":
         _, cw, xs, _, _ = scfg(cfg)
-        return xs * (8 * nt * 256 + 4 * cw * 66 * 16) + 16 * xs
+        return sk_smem(8 * nt, cw, xs)
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _, xt, _, _ = wcfg(cfg)
         return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
@@ -276,9 +275,9 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "s":
-        g, tb = sk_grid(N, cfg)
+        g, tb = sk_grid(N, k, cfg)
         gy = -(-R // (8 * nt))
-        return (g, gy, 1), (128 * (cfg[1] + 1), 1, 1), 128 * cfg[1] * nt * 4 * tb * gy
+        return (g, gy, 1), (128 * (cfg[1] + 1), 1, 1), sk_pub_floats(8 * nt, cfg[1]) * tb * gy
     if cfg[0] == "w":
         _, wg, mw, xs, zs, _, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
@@ -398,7 +397,7 @@ def run(cubin: str, reps: int = 20):
                 allow_dynamic_smem(fn, sm)
                 grid, block, pf = shape_of(N, R, nt, K, cfg)
                 part = drv.mem_alloc(4 * pf)
-                narr = grid[1] * (sk_grid(N, cfg)[1] if cfg[0] == "s" else grid[0])
+                narr = grid[1] * (sk_grid(N, K, cfg)[1] if cfg[0] == "s" else grid[0])
                 arr = drv.mem_alloc(4 * narr)
                 drv.memset_d32(arr, 0, narr)
                 scratch.extend([part, arr])

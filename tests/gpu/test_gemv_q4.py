@@ -661,7 +661,7 @@ def _run_sk(k, qw, sc, xt, y, N, R, nt, cw, G):
     import pycuda.gpuarray as ga
 
     fn, smem = k
-    tb = -(-qw.shape[0] // (4 * cw))
+    tb = ops.sk_grid(N, qw.shape[1] * 64, cw)[1]
     gy = -(-R // (8 * nt))
     part = ga.empty(ops.sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
     part.fill(np.float32(np.nan))
