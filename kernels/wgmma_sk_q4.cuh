@@ -72,6 +72,12 @@ struct WgmmaSkLaunch {
   static constexpr int values = NT * 4;                  // accumulators per consumer thread
   static constexpr int pub_floats = consumers * values;  // one published running sum
   static constexpr int dyn_smem_bytes = XS * (x_stage_bytes + w_stage_bytes) + 16 * XS;
+  // EPI_SWIGLU: every consumer's sums, staged for the store of a tile-block's SwiGLU,
+  // swiglu_stride floats per m-tile (4 of padding: fewer bank conflicts). (Two buffers taken in
+  // turn, one barrier fewer per store but 49 KB more at 64 rows, made the B = 64 step 0.45 ms
+  // slower: bench/NOTES.md, version 19.)
+  static constexpr int swiglu_stride = values * 32 + 4;
+  static constexpr int swiglu_bytes = mtiles * swiglu_stride * 4;
 };
 
 namespace sk {
@@ -138,7 +144,13 @@ struct Cursor {
 }  // namespace sk
 
 // NT: n-tiles (8 activation rows), BTG = 8·NT; KS: the parts of K (as gemv_q4: min(8, K/128));
-// EPI: EPI_STORE or EPI_ADD; CW: consumer warpgroups (64 rows each) sharing each activation
+// EPI: EPI_STORE, EPI_ADD or EPI_SWIGLU (version 19; N = the F features of a fused gate_up
+// weight of 2F rows: a tile-block is 2·CW gate m-tiles and the 2·CW up m-tiles F/16 tiles
+// after them, each warpgroup two of each on the same features; at the store a warpgroup stages
+// its sums in shared memory and stores y = bf16(silu(bf16(g)) · bf16(u)), gemv_store_swiglu's
+// arithmetic, two features at a time into y in the activation tile order for 8·NT-row tiles of
+// an [R, F] matrix (common.cuh act_at), the down projection's input; dynamic smem
+// dyn_smem_bytes + swiglu_bytes); CW: consumer warpgroups (64 rows each) sharing each activation
 // tile; XS: ring stages; PP: 1 = two register sets, so a unit's wgmmas are waited for only after
 // the next unit's are issued (its dequant overlaps them), as wgmma_q4's PP. x is in tile order
 // (wgmma_q4's XT = 1).
@@ -147,7 +159,8 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
                                             const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                             float* part_buf, int* arrivals) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
-  static_assert(EPI == EPI_STORE || EPI == EPI_ADD, "wgmma_sk_q4: store or residual-add epilogue");
+  static_assert(EPI == EPI_STORE || EPI == EPI_ADD || EPI == EPI_SWIGLU,
+                "wgmma_sk_q4: store, residual-add or SwiGLU epilogue");
   static_assert(PP == 0 || PP == 1, "wgmma_sk_q4: PP is 0 or 1");
   using L = WgmmaSkLaunch<NT, KS, CW, XS>;
   using Cur = sk::Cursor<K / 128, KS>;
@@ -157,7 +170,16 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned smem0 = (unsigned)__cvta_generic_to_shared(sk_smem);
   const unsigned wbase = smem0 + XS * XB, full0 = wbase + XS * WB, empty0 = full0 + 8 * XS;
-  const int tiles = (N + 15) >> 4, TB = (tiles + MT - 1) / MT;
+  // EPI_SWIGLU: ms gate m-tiles, as many up m-tiles after them; in tile-block tb warpgroup q's
+  // warps 4q, 4q + 1 take gate tiles tb·MT/2 + 2q, + 1, and its warps 4q + 2, 4q + 3 the up
+  // tiles ms after them, so a feature's gate and up sums meet within one warpgroup.
+  constexpr int HM = MT / 2;
+  const int ms = (N + 15) >> 4, tiles = EPI == EPI_SWIGLU ? 2 * ms : ms, TB = (tiles + MT - 1) / MT;
+  auto tile_of = [&](int tb, int m) {  // rows past the end read the last tile
+    if constexpr (EPI == EPI_SWIGLU)
+      return ((m & 2) ? ms : 0) + min(tb * HM + 2 * (m >> 2) + (m & 1), ms - 1);
+    else return min(tb * MT + m, tiles - 1);
+  };
   const long long U = (long long)TB * KS;
   const sk::Plan pl = sk::plan<KS>(U * blockIdx.x / gridDim.x, U * (blockIdx.x + 1) / gridDim.x);
 
@@ -180,13 +202,13 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
       const unsigned d = wbase + s * WB;
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        const int t = min(c.tb * MT + m, tiles - 1);
+        const int t = tile_of(c.tb, m);
         const uint4* src = qweight + ((size_t)t * KT + 2 * c.gi) * 32 + lane;
         cp_async16_s(d + (m * 66 + lane) * 16, src);
         cp_async16_s(d + (m * 66 + 32 + lane) * 16, src + 32);
       }
       if (lane < 2 * MT) {
-        const int m = lane >> 1, t = min(c.tb * MT + m, tiles - 1);
+        const int m = lane >> 1, t = tile_of(c.tb, m);
         cp_async16_s(d + (m * 66 + 64 + (lane & 1)) * 16,
                      reinterpret_cast<const uint4*>(scales + ((size_t)t * NG + c.gi) * 16) + (lane & 1));
       }
@@ -292,6 +314,33 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
       __threadfence();
       sk::consumers_sync<C>();
       if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(cu.sg.pb) : "memory");
+    } else if constexpr (EPI == EPI_SWIGLU) {
+      // Each warpgroup on its own (named barrier 2 + q): its four warps' sums to shared memory,
+      // then its 128 threads store
+      // its two gate tiles' features two at a time, consecutive threads on the two m-tiles and
+      // then rows (the words of one 16-byte core row of the tile order; eight rows' core rows are
+      // contiguous). Value (f, r) of a warp sits at lane 4·(f % 8) + (r % 8) / 2 of
+      // v = 4·(r / 8) + 2·(f / 8 % 2) + r % 2.
+      constexpr int WS = L::swiglu_stride;
+      const int q = warp >> 2;
+      float* xv = reinterpret_cast<float*>(reinterpret_cast<char*>(sk_smem) + XS * (XB + WB) + 16 * XS) +
+                  4 * q * WS;
+#pragma unroll
+      for (int v = 0; v < NT * 4; ++v) xv[(warp & 3) * WS + v * 32 + lane] = sum[v >> 2][v & 3];
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + q) : "memory");
+#pragma unroll 1
+      for (int i = tid & 127; i < 2 * 64 * NT; i += 128) {
+        const int w = i & 1, fp = (i >> 4) & 7, rr = 8 * (i >> 7) + ((i >> 1) & 7);
+        const int f = (cu.tb * HM + 2 * q + w) * 16 + 2 * fp, r = r0 + rr;
+        if (f >= N || r >= R) continue;
+        const float* g0 = xv + w * WS + (4 * (rr >> 3) + 2 * (fp >> 2) + (rr & 1)) * 32 +
+                          4 * ((2 * fp) & 7) + ((rr & 7) >> 1);
+        const float* u0 = g0 + 2 * WS;
+        *reinterpret_cast<bf162*>(act_at<NT>(y, N, r, f)) =
+            __floats2bfloat162_rn(siluf_(round_bf(g0[0])) * round_bf(u0[0]),
+                                  siluf_(round_bf(g0[4])) * round_bf(u0[4]));
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + q) : "memory");  // xv is written again next store
     } else {
       const int mt = cu.tb * MT + warp;
 #pragma unroll

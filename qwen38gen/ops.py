@@ -356,6 +356,27 @@ WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
 # split gemm_split gives) against 28.8 for gemv_q4 in two 32-row tiles. ZS where it is not
 # gemm_split's:
 WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4, (24, "gate_up"): 4}
+# QWEN38_WGMMA_ZS="long=4,narrow=2" (A/B runs, version 19): the split of the tile-order wgmma_q4
+# launches of those shape kinds at every btg, instead of WGMMA_XT_ZS / gemm_split's.
+WGMMA_ZS = os.environ.get("QWEN38_WGMMA_ZS", "")
+
+
+def _wgmma_zs_knob(kind: str, ks: int) -> int:
+    """QWEN38_WGMMA_ZS's split for this shape kind (0: not set), checked against KS."""
+    kinds = ("lm_head", "gate_up", "in", "long", "narrow")
+    want = f"use kind=ZS pairs separated by commas, kind one of {', '.join(kinds)}, ZS 1, 2, 4 or 8"
+    out = {}
+    for item in filter(None, (t.strip() for t in WGMMA_ZS.split(","))):
+        name, _, val = item.partition("=")
+        if name not in kinds or val not in ("1", "2", "4", "8"):
+            raise UserError(f"QWEN38_WGMMA_ZS={WGMMA_ZS!r}: {want}")
+        out[name] = int(val)
+    zs = out.get(kind, 0)
+    if zs and ks % zs:
+        raise UserError(f"QWEN38_WGMMA_ZS={WGMMA_ZS!r}: {kind} has {ks} parts of K; ZS must divide it")
+    return zs
+
+
 # QWEN38_OUT_XT=0 keeps o in rows (the out projection on gemv_q4, as before version 13): A/B.
 OUT_XT = os.environ.get("QWEN38_OUT_XT", "1") != "0"
 
@@ -373,6 +394,8 @@ def wgmma_launch(rows: int, k: int, btg: int, R: int,
             return None
     wg, mw, xs, mb, pp = wx or wc + (0,)
     zs = WGMMA_XT_ZS.get((btg, _shape_kind(rows, k)), 0) if wx else 0
+    if wx and WGMMA_ZS:
+        zs = _wgmma_zs_knob(_shape_kind(rows, k), min(GEMV_KS, k // 128)) or zs
     if not zs or min(GEMV_KS, k // 128) % zs:
         zs = gemm_split(cdiv(cdiv(rows, 16), 4 * wg * mw) * cdiv(R, btg), k, mb)
     if zs == 1 and _shape_kind(rows, k) == "long":
@@ -404,6 +427,9 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
 # 24.6, 28 against 26), out and down (their few tile-blocks cut over many blocks: chains of
 # published sums) stay on wgmma_q4, and 16 rows on gemv_q4 (gate_up 37.1 against 38.0, without
 # the SwiGLU epilogue gemv_q4 fuses; the in projections 21-23 against 18).
+# Where it serves gate_up, SwiGLU is its epilogue (EPI_SWIGLU, version 19, ops.plan_program's mlp;
+# QWEN38_SWIGLU_FUSE=0 keeps the separate kernel): in the step (bench/NOTES.md, version 19, two
+# rounds) B = 24 10.58 -> 10.41 ms, B = 32 12.05 -> 11.96, B = 64 18.20 -> 18.19.
 # QWEN38_WGMMA_SK=0 turns it off (A/B runs); =all serves every launch that reads its input in
 # tile order with (CW 2, XS 4) — out, down and the tiny model's weights too, which the table does
 # not — so that `check` on the tiny model locks the kernel's bits in a whole program.
@@ -445,21 +471,24 @@ def sk_pub_floats(btg: int, cw: int) -> int:
     return 128 * cw * (btg // 8) * 4
 
 
-def sk_smem(btg: int, cw: int, xs: int) -> int:
+def sk_smem(btg: int, cw: int, xs: int, epi: int = 0) -> int:
     """WgmmaSkLaunch::dyn_smem_bytes: XS stages of an activation tile and 4·CW m-tiles of weights
-    and scales, and the stages' two mbarriers."""
-    return xs * (8 * (btg // 8) * 256 + 4 * cw * 66 * 16) + 16 * xs
+    and scales, and the stages' two mbarriers; EPI_SWIGLU adds swiglu_bytes (every consumer's
+    sums, staged for the SwiGLU store: 4·CW m-tiles)."""
+    return (xs * (8 * (btg // 8) * 256 + 4 * cw * 66 * 16) + 16 * xs
+            + (4 * cw * (btg // 8 * 128 + 4) * 4 if epi == EPI_SWIGLU else 0))
 
 
 def sk_entry(k: int, btg: int, epi: int, cw: int, xs: int, pp: int) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
-    smem = sk_smem(btg, cw, xs)
+    smem = sk_smem(btg, cw, xs, epi)
     targs = f"{nt}, {ks}, {cw}, {xs}"
+    sw = f" + q38::WgmmaSkLaunch<{targs}>::swiglu_bytes" if epi == EPI_SWIGLU else ""
     return Entry(name=f"q38_gemv_k{k}_sk{cw}_n{nt}_s{ks}_e{epi}_x{xs}" + ("_p1" if pp else "") + "_t1",
                  call=f"q38::wgmma_sk_q4<{k}, {nt}, {ks}, {epi}, {cw}, {xs}, {pp}>",
                  params=GEMM_PARAMS, threads=128 * (cw + 1), smem=smem, waits=True, min_blocks=1,
-                 asserts=(f"q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes == {smem}",
+                 asserts=(f"q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes{sw} == {smem}",
                           f"q38::WgmmaSkLaunch<{targs}>::threads == {128 * (cw + 1)}",
                           f"q38::WgmmaSkLaunch<{targs}>::pub_floats == {sk_pub_floats(btg, cw)}"))
 
@@ -1072,11 +1101,27 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         GEMV reads its input in rows, SwiGLU is gate_up's epilogue (EPI_SWIGLU): one launch and
         the gu buffer's round trip fewer, the same bits."""
         w = plan.weights[gu]
+        n_out, k = w["rows"], w["k"]
+        (_, up_off, _) = w["parts"][1]
+        sk = sk_launch(n_out, k, btg) if wgmma and tiled_input(gu, R) else None
+        if SWIGLU_FUSE and sk and tiled_input(down, R) == btg // 8:
+            # wgmma_sk_q4 with EPI_SWIGLU: act in the down GEMV's tile order (version 19)
+            assert up_off % 16 == 0 and n_out == 2 * up_off and up_off == F, w
+            cw, xs, pp = sk
+            e = plan.entry(sk_entry(k, btg, EPI_SWIGLU, cw, xs, pp))
+            G, TB = sk_grid(n_out, k, cw)
+            gy = cdiv(R, btg)
+            scratch["part"] = max(scratch["part"], sk_pub_floats(btg, cw) * TB * gy)
+            scratch["arrivals"] = max(scratch["arrivals"], TB * gy)
+            return [norm_to_h(wnorm, R, btg // 8),
+                    {"k": e.name, "grid": [G, gy, 1],
+                     "args": [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
+                              buf("act"), ["i32", F], ["i32", F], ["i32", R],
+                              buf("gemm_part"), buf("gemm_arrivals")]},
+                    gemv(down, "act", "x", H, R, 1, xt=True)]
         if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and tensor_launch(gu, R) == (None, None)
                 and not tiled_input(gu, R) and not tiled_input(down, R)):
             return normed_gemv(wnorm, gu, "gu", 2 * F, R) + swiglu_down(down, R)
-        n_out, k = w["rows"], w["k"]
-        (_, up_off, _) = w["parts"][1]
         assert up_off % 16 == 0 and n_out == 2 * up_off, w
         tile = gemv_tile(n_out, k, btg)
         st, xs, a = gemv_swiglu_config(tile)

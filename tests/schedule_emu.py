@@ -111,6 +111,11 @@ class Emu:
             x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
         y = self.view(a[4], (R_, ldy))
         epi = re.search(r"_e(\d+)", L["k"]).group(1)
+        if epi == "2" and "_sk" in L["k"]:   # wgmma_sk_q4 + SwiGLU: up rows after the gate's
+            up = 16 * -(-N // 16)              # tiles, act in the tile order (N = F columns)
+            gu = np.concatenate([x @ W[:N].T, x @ W[up:up + N].T], axis=1)
+            self.buf[a[4][1]][xtile_index(R_, N, nt)] = R.swiglu(gu, N)
+            return
         if epi == "2":   # SwiGLU epilogue: gate rows [0, N), up rows from tile _ms<t> on
             up = 16 * int(re.search(r"_ms(\d+)$", L["k"]).group(1))
             gu = np.concatenate([x @ W[:N].T, x @ W[up:up + N].T], axis=1)

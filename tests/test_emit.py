@@ -353,17 +353,44 @@ def test_gemv_split_knob(monkeypatch):
         split_kernels(16)
 
 
+def test_wgmma_split_knob(monkeypatch):
+    """QWEN38_WGMMA_ZS (A/B runs, version 19) sets the split of the tile-order wgmma_q4 launches
+    of the shape kinds it names (the 27B's down and out at 64 rows: 8 and 4 by default), and a
+    kind or split it cannot take is a UserError naming the knob and what it takes."""
+    from qwen38gen import ops
+    from qwen38gen.errors import UserError
+
+    def splits():
+        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(64, pt=1))
+        return sorted({(L["k"].split("_")[2], L["grid"][2]) for L in prog.manifest["schedule"]["decode"]
+                       if "_wg" in L["k"]})
+
+    assert splits() == [("k17408", 8), ("k6144", 4)]
+    monkeypatch.setattr(ops, "WGMMA_ZS", "long=4, narrow=2")
+    assert splits() == [("k17408", 4), ("k6144", 2)]
+    for bad in ("long=3", "down=2", "long"):
+        monkeypatch.setattr(ops, "WGMMA_ZS", bad)
+        with pytest.raises(UserError, match=f"QWEN38_WGMMA_ZS={bad!r}: use kind=ZS pairs"):
+            splits()
+    monkeypatch.setattr(ops, "WGMMA_ZS", "narrow=4")   # the tiny model's out: K = 768, 6 parts
+    with pytest.raises(UserError, match="QWEN38_WGMMA_ZS='narrow=4': narrow has 6 parts of K"):
+        emit_program(PRESETS["tiny"], Lanes.make(64, pt=1))
+
+
 @pytest.mark.parametrize("model,batch,mtp,arch", [
     ("qwen3.8-27b", 1, 0, "sm_90a"), ("qwen3.8-27b", 2, 0, "sm_90a"), ("qwen3.8-27b", 8, 0, "sm_90a"),
     ("qwen3.8-27b", 16, 0, "sm_90a"), ("qwen3.8-27b", 32, 0, "sm_90a"), ("qwen3.8-27b", 1, 1, "sm_90a"),
     ("tiny", 16, 0, "sm_90a"), ("tiny", 1, 0, "sm_90a"), ("qwen3.8-27b", 32, 0, "sm_90"),
-    ("qwen3.8-27b", 16, 0, "sm_90")])
+    ("qwen3.8-27b", 16, 0, "sm_90"), ("qwen3.8-27b", 64, 0, "sm_90a"), ("qwen3.8-27b", 24, 0, "sm_90a"),
+    ("tiny", 64, 0, "sm_90a")])
 def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch):
     """ops.swiglu_fuses: gate_up on gemv_q4 takes SwiGLU into its epilogue at 16-row tiles and at
     one row. Where it does, the step has no swiglu launch before that layer's down GEMV, the
     fused launch covers the gate's row tiles (grid.x = up offset / 16, MS the same), writes act
-    (ldy = N = F) and reads the norm's h; everywhere else (B = 2 ... 8, wgmma lanes, the verify
-    pass, prefill chunks of more rows) the separate swiglu kernel runs after gate_up."""
+    (ldy = N = F) and reads the norm's h. gate_up on wgmma_sk_q4 (sm_90a, btg 24, 32, 64) takes it
+    too (EPI_SWIGLU, version 19): act in the down GEMV's tile order (N = F), the sk grid of the
+    fused weight. Everywhere else (B = 2 ... 8, the wgmma_q4 launches, sm_90, the verify pass,
+    prefill chunks of more rows) the separate swiglu kernel runs after gate_up."""
     from qwen38gen import ops
 
     cfg = PRESETS[model]
@@ -375,9 +402,17 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
         if not isinstance(sched, list) or phase == "topk":
             continue
         fused = [L for L in sched if re.search(r"_e2_.*_ms\d+$", L["k"])]
+        fused_sk = [L for L in sched if re.match(r"q38_gemv_k\d+_sk\d+_n\d+_s\d+_e2_", L["k"])]
         swiglu = [L for L in sched if L["k"].startswith("q38_swiglu")]
         downs = [L for L in sched if L["args"][0][1:2] and str(L["args"][0][1]).endswith(".down")]
-        assert len(fused) + len(swiglu) == len(downs) > 0, phase
+        assert len(fused) + len(fused_sk) + len(swiglu) == len(downs) > 0, phase
+        for L in fused_sk:
+            R, cw = L["args"][7][1], int(re.match(r"q38_gemv_k\d+_sk(\d+)_", L["k"]).group(1))
+            assert arch == "sm_90a" and str(L["args"][0][1]).endswith(".gate_up")
+            assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
+            assert L["grid"][0] == ops.sk_grid(2 * F, cfg.hidden_size, cw)[0]
+            nxt = sched[sched.index(L) + 1]
+            assert str(nxt["args"][0][1]).endswith(".down") and nxt["k"].endswith("_t1"), nxt["k"]
         for L in fused:
             R = L["args"][7][1]
             assert ops.swiglu_fuses(lanes.btg, R), (phase, R)
@@ -390,8 +425,11 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
     decode = prog.manifest["schedule"]["decode"]
     if batch in (1, 16) and not mtp:
         assert not any(L["k"].startswith("q38_swiglu") for L in decode)
-    if batch in (2, 8, 32):
+    if batch in (2, 8) or (batch == 32 and arch == "sm_90"):
         assert not any("_e2_" in L["k"] for L in decode)
+    if batch >= 24 and arch == "sm_90a" and model == "qwen3.8-27b":   # gate_up on wgmma_sk_q4
+        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
+        assert sum("_sk" in L["k"] and "_e2_" in L["k"] for L in decode) == cfg.num_hidden_layers
 
 
 # Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.
@@ -410,7 +448,8 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
     read next by such a launch and nothing else; in the 27B program at btg 64 the in, out,
     gate_up and decode-step down projections read the tile order (out from the GDN and attn_tc
     kernels, version 13), at btg 32 and 24 too, and at all three the decode step's lm_head in
-    lanes without mtp; at btg 16 nothing does."""
+    lanes without mtp; at btg 16 nothing does. (gate_up with SwiGLU on wgmma_sk_q4 both reads h
+    and writes act in the tile order.)"""
     prog = emit_program(PRESETS[model], Lanes.make(batch, pt=16, mtp=mtp))
     btg = prog.lanes.btg
     nxt = 0
@@ -426,6 +465,8 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
                 nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
                 assert tiled.pop(x, None) == nt == btg // 8, (phase, L["k"])
                 nxt += 1
+                if "_sk" in L["k"] and "_e2_" in L["k"]:   # gate_up + SwiGLU on wgmma_sk_q4
+                    tiled[L["args"][4][1]] = nt
             else:
                 for a in args:   # any other reader or writer of a tile-order buffer
                     assert a[1] not in tiled, (phase, L["k"], a[1])

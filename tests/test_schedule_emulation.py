@@ -57,8 +57,8 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
         assert any("_e2_" in L["k"] for L in man["schedule"]["decode"])
     if btg == 64:
         assert any(L["k"].endswith("_t1") for L in man["schedule"]["decode"])
-        assert any(L["k"].startswith("q38_swiglu") and L["k"].endswith("_t8")
-                   for L in man["schedule"]["decode"])
+        assert any((L["k"].startswith("q38_swiglu") and L["k"].endswith("_t8"))
+                   or ("_sk" in L["k"] and "_e2_" in L["k"]) for L in man["schedule"]["decode"])
     emu = Emu(man, cfg, t, tmax=64)
     rng = np.random.default_rng(B * 100 + pt)
     prompts = [list(map(int, rng.integers(0, cfg.vocab_size, (9, 1, 5)[b % 3])))

@@ -756,3 +756,81 @@ skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::
     if not seen:
         pytest.skip(f"ops picks no wgmma_sk_q4 launch for {N} x {K}")
     print(f"wgmma_sk_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
+
+
+# wgmma_sk_q4 with EPI_SWIGLU (version 19): a tile-block of 2·CW gate and 2·CW up m-tiles, the
+# SwiGLU written in the down projection's activation tile order. Features F (multiples of 128,
+# as the tile order needs): the tiny model's, a 27B-like K, and K = 128 (KS = 1).
+SK_SWIGLU_SHAPES = [(1024, 512), (384, 5120), (256, 128)]
+SK_SWIGLU_CONFIGS = [(8, 3, 4, 0), (8, 2, 4, 1), (4, 4, 6, 0), (3, 4, 6, 0), (2, 2, 2, 1)]
+
+
+@pytest.mark.parametrize("F,K", SK_SWIGLU_SHAPES)
+def test_wgmma_sk_swiglu_bitwise(cuda_ctx, F, K):
+    """wgmma_sk_q4's SwiGLU epilogue over a fused [gate; up] weight gives, in tile order, the
+    bits of gemv_q4 (EPI_STORE) followed by the swiglu kernel's arithmetic, for every config over
+    grids that make whole tile-blocks, heads, middles and tails, partial and several batch tiles;
+    rows past R are not written and the flags are left at 0."""
+    import pycuda.gpuarray as ga
+
+    rng = np.random.default_rng([F, K, 19])
+    gq, gs, _ = _weights(rng, F, K)
+    uq, us, _ = _weights(rng, F, K)
+    qw_d, sc_d = to_gpu(np.concatenate([gq, uq])), to_gpu(np.concatenate([gs, us]))
+    ks = min(8, K // 128)
+    src = ['#include "wgmma_sk_q4.cuh"']
+    for nt, cw, xs, pp in SK_SWIGLU_CONFIGS:
+        src.append(f"""
+extern "C" __global__ void __launch_bounds__({128 * (cw + 1)}, 1)
+sks_{nt}_{cw}_{xs}_{pp}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx,
+                        q38::bf16* y, int ldy, int N, int R, float* part, int* arrivals) {{
+  q38::wgmma_sk_q4<{K}, {nt}, {ks}, q38::EPI_SWIGLU, {cw}, {xs}, {pp}>(q, s, x, ldx, y, ldy, N, R,
+                                                                      part, arrivals);
+}}
+static_assert(q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::dyn_smem_bytes +
+              q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::swiglu_bytes ==
+              {ops.sk_smem(8 * nt, cw, xs, ops.EPI_SWIGLU)}, "ops.sk_smem");""")
+    src.append("""
+extern "C" __global__ void swiglu_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {
+  const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+  if (8 * v < F)
+    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
+        q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
+}""")
+    mod = build("\n".join(['#include "elementwise.cuh"'] + src), arch="sm_90a")
+    ref_fn = mod.get_function("swiglu_ref")
+    tried = 0
+    for nt, cw, xs, pp in SK_SWIGLU_CONFIGS:
+        fn = mod.get_function(f"sks_{nt}_{cw}_{xs}_{pp}")
+        smem = ops.sk_smem(8 * nt, cw, xs, ops.EPI_SWIGLU)
+        allow_dynamic_smem(fn, smem)
+        G_prog, tb = ops.sk_grid(2 * F, K, cw)
+        grids = sorted({1, 3, min(tb, 7), G_prog, tb * ks})
+        for R, G in [(1, G_prog), (8 * nt, grids[0]), (8 * nt + 5, grids[1])] + \
+                [(3 * 8 * nt + 2, g) for g in grids[2:]]:
+            xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
+            x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
+            gu = poisoned((R, 2 * F), BF16)
+            _run(_kernel(K, 1, nt, ks, 0), qw_d, sc_d, x, gu, 2 * F, R, 1, nt, ks)
+            want = poisoned((R, F), BF16)
+            ref_fn(gu.gpudata, np.int32(2 * F), np.int32(F), want.gpudata, np.int32(F),
+                   block=(32, 1, 1), grid=(-(-F // 256), R))
+            gy = -(-R // (8 * nt))
+            got = poisoned((gy * 8 * nt * F,), BF16)
+            part = ga.empty(ops.sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
+            part.fill(np.float32(np.nan))
+            arrivals = ga.zeros(tb * gy, np.int32)
+            fn(qw_d.gpudata, sc_d.gpudata, xt.gpudata, np.int32(K), got.gpudata, np.int32(F),
+               np.int32(F), np.int32(R), part.gpudata, arrivals.gpudata,
+               block=(128 * (cw + 1), 1, 1), grid=(G, gy), shared=smem)
+            what = f"F={F} K={K} sk swiglu {(nt, cw, xs, pp)} G={G} R={R}"
+            assert not arrivals.get().any(), f"{what}: flags left"
+            flat = got.get().view(np.uint16)
+            idx = wq.xtile_index(R, F, nt).ravel()
+            rows = flat[idx].reshape(R, F)
+            assert np.array_equal(rows, want.get().view(np.uint16)), f"{what}: bits differ"
+            pad = np.ones(flat.size, bool)
+            pad[idx] = False
+            assert np.isnan(flat[pad].view(BF16).astype(np.float32)).all(), f"{what}: padding rows written"
+            tried += 1
+    print(f"wgmma_sk_q4 EPI_SWIGLU F={F} K={K}: {tried} launches bitwise equal to gemv_q4 + swiglu")
