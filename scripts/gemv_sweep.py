@@ -453,6 +453,9 @@ def run(cubin: str, reps: int = 20):
 
 
 PROFILE = [("gate_up", 2, ("b", 2, 2, 0, 0))]
+if os.environ.get("GEMV_PROFILE"):  # "shape:NT:kind,a,b,...;..." e.g. "gate_up:8:s,3,4,0"
+    PROFILE = [(sh, int(nt), (c.split(",")[0],) + tuple(int(v) for v in c.split(",")[1:]))
+               for sh, nt, c in (e.split(":") for e in os.environ["GEMV_PROFILE"].split(";"))]
 
 
 def profile(cubin: str):
@@ -478,8 +481,9 @@ def profile(cubin: str):
         sm = smem_of(K, nt, cfg)
         allow_dynamic_smem(fn, sm)
         grid, block, pf = shape_of(N, R, nt, K, cfg)
-        part, arr = drv.mem_alloc(4 * pf), drv.mem_alloc(4 * grid[0] * grid[1])
-        drv.memset_d32(arr, 0, grid[0] * grid[1])
+        narr = grid[1] * (sk_grid(N, K, cfg)[1] if cfg[0] == "s" else grid[0])
+        part, arr = drv.mem_alloc(4 * pf), drv.mem_alloc(4 * narr)
+        drv.memset_d32(arr, 0, narr)
         fn(W, S, x, np.int32(K), y, np.int32(N), np.int32(N), np.int32(R), part, arr,
            grid=grid, block=block, shared=sm)
         drv.Context.synchronize()
