@@ -1040,6 +1040,19 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=xt) if wgmma else None
         return wl, None if wl else gemm_launch(w["rows"], w["k"], btg, R)
 
+    def sk_gemv(wname: str, sk: tuple[int, int, int], epi: int, args: list) -> dict:
+        """The wgmma_sk_q4 launch (config sk = (CW, XS, PP)) of weight wname with gemv_q4's
+        arguments args (its R rows last), the scratch it needs counted into gemm_part and
+        gemm_arrivals."""
+        w = plan.weights[wname]
+        cw, xs, pp = sk
+        e = plan.entry(sk_entry(w["k"], btg, epi, cw, xs, pp))
+        G, TB = sk_grid(w["rows"], w["k"], cw)
+        gy = cdiv(args[7][1], btg)
+        scratch["part"] = max(scratch["part"], sk_pub_floats(btg, cw) * TB * gy)
+        scratch["arrivals"] = max(scratch["arrivals"], TB * gy)
+        return {"k": e.name, "grid": [G, gy, 1], "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
+
     def gemv(wname: str, x: str, y: str, ldy: int, R: int, epi: int, ldx: int | None = None,
              xt: bool = False) -> dict:
         """y[:R, :rows] (=, or += for EPI_ADD) W x[:R]; the grid's y tiles the rows by btg.
@@ -1053,14 +1066,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                 buf(y), ["i32", ldy], ["i32", n_out], ["i32", R]]
         sk = sk_launch(n_out, k, btg) if wgmma and xt else None
         if sk:
-            cw, xs, pp = sk
-            e = plan.entry(sk_entry(k, btg, epi, cw, xs, pp))
-            G, TB = sk_grid(n_out, k, cw)
-            gy = cdiv(R, btg)
-            scratch["part"] = max(scratch["part"], sk_pub_floats(btg, cw) * TB * gy)
-            scratch["arrivals"] = max(scratch["arrivals"], TB * gy)
-            return {"k": e.name, "grid": [G, gy, 1],
-                    "args": args + [buf("gemm_part"), buf("gemm_arrivals")]}
+            return sk_gemv(wname, sk, epi, args)
         # wgmma_q4 (sm_90a) or gemm_q4: (entry, row tiles per block, part floats per row block)
         wl, gl = tensor_launch(wname, R, xt)
         if wl:
@@ -1107,17 +1113,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         if SWIGLU_FUSE and sk and tiled_input(down, R) == btg // 8:
             # wgmma_sk_q4 with EPI_SWIGLU: act in the down GEMV's tile order (version 19)
             assert up_off % 16 == 0 and n_out == 2 * up_off and up_off == F, w
-            cw, xs, pp = sk
-            e = plan.entry(sk_entry(k, btg, EPI_SWIGLU, cw, xs, pp))
-            G, TB = sk_grid(n_out, k, cw)
-            gy = cdiv(R, btg)
-            scratch["part"] = max(scratch["part"], sk_pub_floats(btg, cw) * TB * gy)
-            scratch["arrivals"] = max(scratch["arrivals"], TB * gy)
-            return [norm_to_h(wnorm, R, btg // 8),
-                    {"k": e.name, "grid": [G, gy, 1],
-                     "args": [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
-                              buf("act"), ["i32", F], ["i32", F], ["i32", R],
-                              buf("gemm_part"), buf("gemm_arrivals")]},
+            args = [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
+                    buf("act"), ["i32", F], ["i32", F], ["i32", R]]
+            return [norm_to_h(wnorm, R, btg // 8), sk_gemv(gu, sk, EPI_SWIGLU, args),
                     gemv(down, "act", "x", H, R, 1, xt=True)]
         if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and tensor_launch(gu, R) == (None, None)
                 and not tiled_input(gu, R) and not tiled_input(down, R)):
