@@ -206,6 +206,12 @@ if os.environ.get("GEMV_CFG"):   # only these configs (indices into each NT's li
 if os.environ.get("GEMV_SHAPES"):
     SHAPES = [s for s in SHAPES if s[0] in os.environ["GEMV_SHAPES"].split(",")]
 KS_MAX = 8
+# GEMV_EPI=1 (version 19): every instance with EPI_ADD (y += W x, the down and out projections'
+# residual add) instead of EPI_STORE, y starting at 1.0 for the bitwise comparison; the program's
+# split merges add residuals one value a round trip, which EPI_STORE never shows.
+if os.environ.get("GEMV_EPI", "0") not in ("0", "1"):
+    sys.exit(f"GEMV_EPI={os.environ['GEMV_EPI']!r}: use 0 (EPI_STORE) or 1 (EPI_ADD)")
+EPI = int(os.environ.get("GEMV_EPI", "0"))
 
 
 def ks_of(k: int) -> int:
@@ -311,18 +317,18 @@ def source() -> str:
         if cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1
-            call = f"wgmma_sk_q4<{k}, {nt}, {ks}, 0, {cw}, {xs}, {pp}>"
+            call = f"wgmma_sk_q4<{k}, {nt}, {ks}, {EPI}, {cw}, {xs}, {pp}>"
         elif cfg[0] == "w":
             _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, 0, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, {EPI}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
-            threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, 0, {wr}, {st}, {zs}>"
+            threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, {EPI}, {wr}, {st}, {zs}>"
         else:
             _, mt, st, xs, a, ab, zs, mb = bcfg(cfg)
             threads = 32 * ks // zs
-            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, 0, {st}, {xs}, {a}, {ab}" + (
+            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, {EPI}, {st}, {xs}, {a}, {ab}" + (
                 f", 0, {zs}>" if zs > 1 else ">")
         tail = ", part, arr" if cfg[0] in "wgs" else ""
         cl = f" __cluster_dims__({bcfg(cfg)[6]}, 1, 1)" if cfg[0] == "b" and bcfg(cfg)[6] > 1 else ""
@@ -407,7 +413,7 @@ def run(cubin: str, reps: int = 20):
                 def launch(i):
                     fn(W[i % ncopy], S[i % ncopy], xin, np.int32(K), y, np.int32(N), np.int32(N),
                        np.int32(R), part, arr, grid=grid, block=block, shared=sm, stream=s)
-                drv.memset_d16(y, 0x7FC0, R * N)
+                drv.memset_d16(y, 0x3F80 if EPI else 0x7FC0, R * N)   # residual 1.0, or NaN
                 try:
                     launch(0)
                     s.synchronize()
