@@ -159,6 +159,17 @@ SWIGLU_SHAPES = [(1024, 512), (96, 5120), (40, 1024), (48, 128)]
 # Schedules (NT, ST, XS, AS) of MT = 2; the program's are (2, 2, 0, 0) and (1, 3, 0, 1).
 SWIGLU_SCHEDULES = [(1, 2, 0, 0), (2, 2, 0, 0), (1, 3, 0, 1), (4, 2, 1, 0), (2, 3, 0, 0)]
 _SWIGLU: dict = {}
+# The swiglu kernel's own arithmetic (elementwise.cuh swiglu8) over the rows of a gu of
+# [gate | ... | up at column off] (needs elementwise.cuh): the unfused path the fused
+# epilogues must equal bit for bit.
+SWIGLU_REF = """
+extern "C" __global__ void swiglu_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {
+  const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+  if (8 * v < F)
+    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
+        q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
+}
+"""
 
 
 def _swiglu_kernels(K: int, ks: int, ms: int) -> dict:
@@ -180,14 +191,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
   q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, 0, {ms}>(q, s, x, ldx, y,
                                                                          ldy, N, R);
 }}""")
-        src.append("""
-extern "C" __global__ void swiglu_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {
-  const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-  if (8 * v < F)
-    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
-        q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
-}
-""")
+        src.append(SWIGLU_REF)
         mod = build("\n".join(src))
         out = {"ref": mod.get_function("swiglu_ref")}
         for sched, (name, threads) in names.items():
@@ -790,13 +794,7 @@ sks_{nt}_{cw}_{xs}_{pp}(const uint4* q, const q38::bf16* s, const q38::bf16* x, 
 static_assert(q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::dyn_smem_bytes +
               q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::swiglu_bytes ==
               {ops.sk_smem(8 * nt, cw, xs, ops.EPI_SWIGLU)}, "ops.sk_smem");""")
-    src.append("""
-extern "C" __global__ void swiglu_ref(const q38::bf16* gu, int ld, int off, q38::bf16* h, int F) {
-  const int v = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-  if (8 * v < F)
-    *reinterpret_cast<uint4*>(h + (size_t)r * F + 8 * v) =
-        q38::swiglu8(gu + (size_t)r * ld + 8 * v, gu + (size_t)r * ld + off + 8 * v);
-}""")
+    src.append(SWIGLU_REF)
     mod = build("\n".join(['#include "elementwise.cuh"'] + src), arch="sm_90a")
     ref_fn = mod.get_function("swiglu_ref")
     tried = 0
