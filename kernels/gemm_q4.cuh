@@ -79,8 +79,10 @@ __device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
 // ... and merges: its value v (of V per thread) is the sum of the KS parts' partials, part p's
 // at slot(p) + v * stride, added in part order from 0.f, then stored where index(v, n, r) says.
 // gemm_q4 and wgmma_q4 share it, so a split row's bits do not depend on which kernel split it.
-// U > 1: the partials of U values are loaded before any of them is summed, U * KS loads in
-// flight at once instead of KS: one L2 round trip per U values (version 16; same bits).
+// U > 1: the partials and (EPI_ADD) the residuals of U values are loaded before any of them is
+// summed or stored, U * KS + U loads in flight at once: one L2 round trip per U values (same
+// bits). Version 16 batched only the partials; with EPI_ADD each residual's load then waited
+// for the store before it, U + 1 round trips (bench/NOTES.md, version 20).
 template <int KS, int EPI, int U = 1, class Slot, class Index>
 __device__ __forceinline__ void split_merge_store(int V, int stride, Slot slot, Index index, bf16* y, int ldy,
                                                   int N, int R) {
@@ -94,15 +96,14 @@ __device__ __forceinline__ void split_merge_store(int V, int stride, Slot slot, 
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int q = 0; q < KS; ++q) p[u][q] = __ldcg(slot(q) + (v + u) * stride);
+      gemv_store_all<EPI, U>(
+          y, ldy, N, R, [&](int u, int& n, int& r) { index(v + u, n, r); },
+          [&](int u) {
+            float s = 0.f;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float s = 0.f;
-#pragma unroll
-        for (int q = 0; q < KS; ++q) s += p[u][q];
-        int n, r;
-        index(v + u, n, r);
-        gemv_store<EPI>(y, ldy, n, r, N, R, s);
-      }
+            for (int q = 0; q < KS; ++q) s += p[u][q];
+            return s;
+          });
     }
   }
 #pragma unroll 1
@@ -272,17 +273,9 @@ __device__ __forceinline__ void gemm_q4(const uint4* __restrict__ qweight, const
     return;
   }
   if (!active) return;
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int v = (m * NT + j) * 4 + e;
-        int n, r;
-        gemv_out_index(v, NT, lane, rt0, r0, n, r);
-        gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * 32] : acc[m][j][e]);
-      }
+  gemv_store_all<EPI, V>(
+      y, ldy, N, R, [&](int v, int& n, int& r) { gemv_out_index(v, NT, lane, rt0, r0, n, r); },
+      [&](int v) { return KS > 1 ? sums[v * 32] : acc[v / (NT * 4)][(v / 4) % NT][v % 4]; });
 }
 
 }  // namespace q38

@@ -328,6 +328,30 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
   }
 }
 
+// V values of a thread, value(v) to where index(v, n, r) says, with gemv_store's arithmetic.
+// EPI_ADD: every residual is loaded before any value is stored. Stored one by one, each residual's
+// load waits for the store before it (y may alias): a dependent L2 round trip per value, at the
+// end of the launch (bench/NOTES.md, version 20; same bits).
+template <int EPI, int V, class Index, class Value>
+__device__ __forceinline__ void gemv_store_all(bf16* y, int ldy, int N, int R, Index index, Value value) {
+  float old[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    int n, r;
+    index(v, n, r);
+    old[v] = EPI == EPI_ADD && n < N && r < R ? to_f(y[(size_t)r * ldy + n]) : 0.f;
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    int n, r;
+    index(v, n, r);
+    if (n < N && r < R) {
+      const float s = value(v);
+      y[(size_t)r * ldy + n] = EPI == EPI_ADD ? to_bf(old[v] + round_bf(s)) : to_bf(s);
+    }
+  }
+}
+
 // SwiGLU of a gate sum g and an up sum u of feature n, row r (swiglu8's arithmetic).
 __device__ __forceinline__ void gemv_store_swiglu(bf16* y, int ldy, int n, int r, int N, int R, float g,
                                                   float u) {

@@ -431,22 +431,15 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
   if constexpr (ZS > 1) {
     // The last of the ZS blocks of this row block sums the KS parts in order and stores y.
     if (!split_last_arrival<ZS>(arrivals, blk)) return;
-    // Eight values a round trip: in the step (same run, old against new) B = 24 11.60 -> 11.41 ms
-    // and B = 64 19.77 -> 19.64, but B = 32 12.90 -> 13.12, so 32-row tiles keep one value a
-    // round trip (bench/NOTES.md, version 16).
-    split_merge_store<KS, EPI, NT == 4 ? 1 : 8>(V, T, pslot, out_index, y, ldy, N, R);
+    // U values a round trip, their residuals loaded with their partials (version 20; step ms,
+    // same run, old against new): 64 rows U = 8, B = 64 18.13 -> 17.37; 32 rows U = 4, B = 32
+    // 11.92 -> 11.60. 24 rows U = 2 (B = 24 10.39 -> 10.35): at U = 8 the 24-row instance took
+    // 109 registers, four blocks per SM instead of five, and its 640 blocks no longer fit one
+    // wave (B = 24 +0.48 ms); U = 8 at 32 rows spills (bench/NOTES.md, version 20).
+    split_merge_store<KS, EPI, NT == 8 ? 8 : NT == 4 ? 4 : 2>(V, T, pslot, out_index, y, ldy, N, R);
   } else {
-#pragma unroll
-    for (int b = 0; b < MW; ++b)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int v = (b * NT + j) * 4 + e;
-          int n, r;
-          out_index(v, n, r);
-          gemv_store<EPI>(y, ldy, n, r, N, R, KS > 1 ? sums[v * T] : acc[b][j][e]);
-        }
+    gemv_store_all<EPI, V>(y, ldy, N, R, out_index,
+                           [&](int v) { return KS > 1 ? sums[v * T] : acc[v / (NT * 4)][(v / 4) % NT][v % 4]; });
   }
 }
 

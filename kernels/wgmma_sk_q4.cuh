@@ -343,12 +343,13 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
       asm volatile("bar.sync %0, 128;" ::"r"(2 + q) : "memory");  // xv is written again next store
     } else {
       const int mt = cu.tb * MT + warp;
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          gemv_store<EPI>(y, ldy, mt * 16 + g + (e >= 2 ? 8 : 0), r0 + 8 * j + 2 * c + (e & 1), N, R,
-                          sum[j][e]);
+      gemv_store_all<EPI, NT * 4>(
+          y, ldy, N, R,
+          [&](int v, int& n, int& r) {
+            n = mt * 16 + g + (v % 4 >= 2 ? 8 : 0);
+            r = r0 + 8 * (v / 4) + 2 * c + (v & 1);
+          },
+          [&](int v) { return sum[v / 4][v % 4]; });
     }
   };
 
