@@ -66,6 +66,27 @@ def _weights(rng, N, K):
     return qweight, sc_tiled, wq.dequantize(qweight, sc_tiled, (N, K)).astype(np.float64)
 
 
+def _against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi, launch, what, pad=0, tiled=False):
+    """One launch of the kernel under test, launch(x, y, R) -> its counters or flags, over fresh
+    x (rows of K + pad, the activation stride wider than K; or in tile order) against gemv_q4 on
+    the same x in rows: NaN-poisoned (EPI_STORE) or random residual (EPI_ADD) outputs, the
+    counters left at 0, the bits equal, and (store, wdq given) the result near the fp64 product."""
+    xh = rng.standard_normal((R, K + pad)).astype(np.float32).astype(BF16)
+    x = to_gpu(xh)
+    xin = to_gpu(wq.tile_activations(xh, nt)) if tiled else x
+    res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
+    want = to_gpu(res) if epi else poisoned((R, N), BF16)
+    got = to_gpu(res) if epi else poisoned((R, N), BF16)
+    _run(_kernel(K, 1, nt, ks, epi), qw_d, sc_d, x, want, N, R, 1, nt, ks)
+    arr = launch(xin, got, R)
+    assert not arr.any(), f"{what} R={R}: counters left {arr}"
+    g = got.get()
+    if not epi and wdq is not None:
+        e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
+        assert e < TOL, f"{what} R={R}: rel err {e:.2e}"
+    assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), f"{what} epi={epi} R={R}: bits differ"
+
+
 @pytest.mark.parametrize("N,K", SHAPES)
 def test_gemv_store_matches_numpy(cuda_ctx, N, K):
     rng = np.random.default_rng([N, K, 1])
@@ -385,26 +406,11 @@ def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
         if ks % zs:
             continue
         for epi in (0, 1):
-            ref_fn = _kernel(K, 1, nt, ks, epi)
             fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mb)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
-                xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
-                x = to_gpu(xh)   # ldx = K + 24: rows wider than K
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                ref_grid = (qweight.shape[0], -(-R // (8 * nt)))
-                ref_fn[0](qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K + 24), want.gpudata,
-                          np.int32(N), np.int32(N), np.int32(R), block=(32 * ks, 1, 1),
-                          grid=ref_grid, shared=ref_fn[1])
-                arr = _run_gemm(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks, wr, zs)
-                g = got.get()
-                assert not arr.any(), f"config {mt, nt, wr, st, zs}: arrival counters left {arr}"
-                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} gemm {mt, nt, wr, st, zs} epi={epi} R={R}: bits differ"
-                if not epi:
-                    e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
-                    assert e < TOL, f"gemm {mt, nt, wr, st, zs} R={R}: rel err {e:.2e}"
+                _against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_gemm(fn, qw_d, sc_d, x, y, N, R, mt, nt, ks, wr, zs),
+                              f"N={N} K={K} gemm {mt, nt, wr, st, zs}", pad=24)
                 tried += 1
     assert tried
     print(f"gemm_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
@@ -427,16 +433,9 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
             mt, wr, st, zs, mbz = ops.gemm_launch(N, K, 64, R * 64 // btg)
             for epi in (0, 1):
                 fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mbz)
-                ref_fn = _kernel(K, 1, nt, ks, epi)
-                x = to_gpu(rng.standard_normal((R, K)).astype(np.float32).astype(BF16))
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                arr = _run_gemm(fn, qw_d, sc_d, x, got, N, R, mt, nt, ks, wr, zs)
-                assert not arr.any()
-                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} btg={btg} gemm {mt, wr, st, zs, mbz} epi={epi} R={R}: bits differ"
+                _against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_gemm(fn, qw_d, sc_d, x, y, N, R, mt, nt, ks, wr, zs),
+                              f"N={N} K={K} btg={btg} gemm {mt, wr, st, zs, mbz}")
                 seen.add((btg, zs))
     print(f"gemm_q4 N={N} K={K}: program configs (btg, ZS) {sorted(seen)} bitwise equal to gemv_q4")
 
@@ -508,27 +507,11 @@ def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
         if ks % zs:
             continue
         for epi in (0, 1):
-            ref_fn = _kernel(K, 1, nt, ks, epi)
             fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb)
             for R in (1, 3, 8 * nt, 8 * nt + 5):
-                xh = rng.standard_normal((R, K + 24)).astype(np.float32).astype(BF16)
-                x = to_gpu(xh)   # ldx = K + 24: rows wider than K
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                ref_grid = (qweight.shape[0], -(-R // (8 * nt)))
-                ref_fn[0](qw_d.gpudata, sc_d.gpudata, x.gpudata, np.int32(K + 24), want.gpudata,
-                          np.int32(N), np.int32(N), np.int32(R), block=(32 * ks, 1, 1),
-                          grid=ref_grid, shared=ref_fn[1])
-                arr = _run_wgmma(fn, qw_d, sc_d, x, got, N, R, nt, wg, mw, zs)
-                g = got.get()
-                cfg = (nt, wg, mw, xs, zs, mb)
-                assert not arr.any(), f"wgmma {cfg}: arrival counters left {arr}"
-                if not epi:
-                    e = rel_err(g, xh[:, :K].astype(np.float64) @ wdq.T)
-                    assert e < TOL, f"N={N} K={K} wgmma {cfg} R={R}: rel err {e:.2e}"
-                assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} wgmma {cfg} epi={epi} R={R}: bits differ"
+                _against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_wgmma(fn, qw_d, sc_d, x, y, N, R, nt, wg, mw, zs),
+                              f"N={N} K={K} wgmma {(nt, wg, mw, xs, zs, mb)}", pad=24)
                 tried += 1
     assert tried
     print(f"wgmma_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
@@ -561,20 +544,11 @@ def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
         if ks % zs:
             continue
         for epi in (0, 1):
-            ref_fn = _kernel(K, 1, nt, ks, epi)
             fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, 1, pp)
             for R in (1, 8 * nt, 8 * nt + 5):
-                xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
-                x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
-                res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                arr = _run_wgmma(fn, qw_d, sc_d, xt, got, N, R, nt, wg, mw, zs, ldx=K)
-                cfg = (nt, wg, mw, xs, zs, mb, pp)
-                assert not arr.any(), f"wgmma XT {cfg}: arrival counters left {arr}"
-                assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                    f"N={N} K={K} wgmma XT {cfg} epi={epi} R={R}: bits differ"
+                _against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_wgmma(fn, qw_d, sc_d, x, y, N, R, nt, wg, mw, zs, ldx=K),
+                              f"N={N} K={K} wgmma XT {(nt, wg, mw, xs, zs, mb, pp)}", tiled=True)
                 tried += 1
     assert tried
     print(f"wgmma_q4 XT N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
@@ -602,18 +576,9 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
                 wg, mw, xs, zs, mb, xt, pp = wl
                 for epi in (0, 1):
                     fn = _wgmma_kernel(K, nt, ks, epi, wg, mw, xs, zs, mb, xt, pp)
-                    ref_fn = _kernel(K, 1, nt, ks, epi)
-                    xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
-                    x = to_gpu(xh)
-                    xin = to_gpu(wq.tile_activations(xh, nt)) if xt else x
-                    res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-                    want = to_gpu(res) if epi else poisoned((R, N), BF16)
-                    got = to_gpu(res) if epi else poisoned((R, N), BF16)
-                    _run(ref_fn, qw_d, sc_d, x, want, N, R, 1, nt, ks)
-                    arr = _run_wgmma(fn, qw_d, sc_d, xin, got, N, R, nt, wg, mw, zs, ldx=K)
-                    assert not arr.any()
-                    assert np.array_equal(got.get().view(np.uint16), want.get().view(np.uint16)), \
-                        f"N={N} K={K} btg={btg} wgmma {wl} epi={epi} R={R}: bits differ"
+                    _against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi,
+                                  lambda x, y, R: _run_wgmma(fn, qw_d, sc_d, x, y, N, R, nt, wg, mw, zs, ldx=K),
+                                  f"N={N} K={K} btg={btg} wgmma {wl}", tiled=bool(xt))
                     seen.add((btg, wl))
     if not seen:
         pytest.skip(f"ops picks no wgmma_q4 launch for {N} x {K}")
@@ -676,25 +641,6 @@ def _run_sk(k, qw, sc, xt, y, N, R, nt, cw, G):
     return arrivals.get()
 
 
-def _sk_against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi, kern, cw, G, what):
-    """One wgmma_sk_q4 launch over fresh x (in tile order) against gemv_q4 on the same x in
-    rows: NaN-poisoned (EPI_STORE) or random residual (EPI_ADD) outputs, the flags left at 0,
-    the bits equal, and (store) the result near the fp64 product."""
-    xh = rng.standard_normal((R, K)).astype(np.float32).astype(BF16)
-    x, xt = to_gpu(xh), to_gpu(wq.tile_activations(xh, nt))
-    res = rng.standard_normal((R, N)).astype(np.float32).astype(BF16)
-    want = to_gpu(res) if epi else poisoned((R, N), BF16)
-    got = to_gpu(res) if epi else poisoned((R, N), BF16)
-    _run(_kernel(K, 1, nt, ks, epi), qw_d, sc_d, x, want, N, R, 1, nt, ks)
-    arr = _run_sk(kern, qw_d, sc_d, xt, got, N, R, nt, cw, G)
-    assert not arr.any(), f"{what} R={R}: flags left {arr}"
-    g = got.get()
-    if not epi and wdq is not None:
-        e = rel_err(g, xh.astype(np.float64) @ wdq.T)
-        assert e < TOL, f"{what} R={R}: rel err {e:.2e}"
-    assert np.array_equal(g.view(np.uint16), want.get().view(np.uint16)), f"{what} epi={epi} R={R}: bits differ"
-
-
 @pytest.mark.parametrize("N,K", [(24576 + 16, 256), (3072 + 512 + 512, 512), (96, 5120),
                                  (5120, 6144), (640, 1024)])
 def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
@@ -714,9 +660,10 @@ def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
         for epi in (0, 1):
             for R, G in [(1, grids[-1]), (8 * nt, grids[0]), (8 * nt + 5, grids[1])] + \
                     [(3 * 8 * nt + 2, g) for g in grids[2:]]:
-                _sk_against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi,
-                                 kern[(nt, cw, xs, pp, epi)], cw, G,
-                                 f"N={N} K={K} wgmma_sk {(nt, cw, xs, pp, G)}")
+                k = kern[(nt, cw, xs, pp, epi)]
+                _against_gemv(rng, qw_d, sc_d, wdq, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_sk(k, qw_d, sc_d, x, y, N, R, nt, cw, G),
+                              f"N={N} K={K} wgmma_sk {(nt, cw, xs, pp, G)}", tiled=True)
                 tried += 1
     assert tried
     print(f"wgmma_sk_q4 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
@@ -754,8 +701,9 @@ skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::
             allow_dynamic_smem(fns[epi][0], fns[epi][1])
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             for epi in (0, 1):
-                _sk_against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi, fns[epi], cw, G,
-                                 f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G}")
+                _against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi,
+                              lambda x, y, R: _run_sk(fns[epi], qw_d, sc_d, x, y, N, R, nt, cw, G),
+                              f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G}", tiled=True)
                 seen.add((btg, sk, G))
     if not seen:
         pytest.skip(f"ops picks no wgmma_sk_q4 launch for {N} x {K}")
