@@ -22,6 +22,13 @@ from pathlib import Path
 from .errors import UserError
 
 REGISTER_FILE = 65536
+# sm_90: registers are given out per warp in units of 256 (8 a thread); 228 KiB of shared memory
+# an SM, 1 KiB of it reserved per block; at most 2048 threads and 32 blocks an SM.
+REGISTER_UNIT = 8
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK_RESERVED = 1024
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas", "-v")
 HEADER_END = "// ---- end of header ----"
 
@@ -35,6 +42,16 @@ class KernelResources:
     spill_loads: int = 0
     smem: int = 0
     threads: int | None = None  # from the manifest, when there is one
+    dyn_smem: int = 0           # dynamic shared memory (manifest)
+    resident: int = 0           # blocks per SM its schedule needs (manifest; 0: not checked)
+
+    def blocks_per_sm(self) -> int:
+        """Blocks of this kernel an SM holds at once: registers, shared memory, threads."""
+        warps = -(-self.threads // 32)
+        regs = -(-max(self.registers, 1) // REGISTER_UNIT) * REGISTER_UNIT
+        smem = self.smem + self.dyn_smem + SMEM_PER_BLOCK_RESERVED
+        return min(REGISTER_FILE // (regs * 32 * warps), SMEM_PER_SM // smem,
+                   THREADS_PER_SM // (32 * warps), BLOCKS_PER_SM)
 
     def problems(self) -> list[str]:
         p = []
@@ -44,6 +61,9 @@ class KernelResources:
             p.append(f"{self.stack} B local-memory stack frame")
         if self.threads and self.registers * self.threads > REGISTER_FILE:
             p.append(f"{self.registers} registers × {self.threads} threads > {REGISTER_FILE}")
+        elif self.threads and self.resident and self.blocks_per_sm() < self.resident:
+            p.append(f"{self.blocks_per_sm()} blocks per SM ({self.registers} registers, "
+                     f"{self.smem + self.dyn_smem} B shared); its schedule needs {self.resident}")
         return p
 
 
@@ -124,10 +144,12 @@ def parse_ptxas(log: str) -> list[KernelResources]:
     return ks
 
 
-def _manifest_threads(manifest: dict | None) -> dict[str, int]:
+def _manifest_kernels(manifest: dict | None) -> dict[str, tuple[int, int, int]]:
+    """name -> (threads, dynamic shared memory, resident blocks per SM) from the manifest."""
     if not manifest:
         return {}
-    return {name: k["block"][0] * k["block"][1] * k["block"][2]
+    return {name: (k["block"][0] * k["block"][1] * k["block"][2], k.get("smem", 0),
+                   k.get("resident", 0))
             for name, k in manifest.get("kernels", {}).items()}
 
 
@@ -165,9 +187,10 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
                 pass  # another process published the same key first
             os.makedirs(tmp, exist_ok=True)  # let TemporaryDirectory clean up quietly
     kernels = parse_ptxas(logf.read_text())
-    threads = _manifest_threads(manifest)
+    known = _manifest_kernels(manifest)
     for k in kernels:
-        k.threads = threads.get(k.name)
+        if k.name in known:
+            k.threads, k.dyn_smem, k.resident = known[k.name]
     return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels)
 
 

@@ -7,6 +7,7 @@ signature and its launch rule; nothing else in the package knows a kernel's sign
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -28,6 +29,10 @@ class Entry:
     smem: int = 0                           # dynamic shared memory bytes
     cluster: int = 1                        # thread-block cluster size along x (1: none)
     min_blocks: int = 0                     # __launch_bounds__ minBlocksPerSM (0: not given)
+    # Blocks per SM the schedule was measured at and its grid sized for, where that is more than
+    # min_blocks promises: the gate fails a build whose registers or shared memory allow fewer
+    # (0: not checked). Not rendered; the manifest carries it.
+    resident: int = 0
     asserts: tuple[str, ...] = ()           # C++ constant expressions that must hold
     # Programmatic dependent launch: the entry point lets the next kernel launch, then waits for
     # the previous one before the body runs, unless the body calls q38::pdl_wait() itself (after
@@ -51,8 +56,11 @@ class Entry:
                 f"{self.name}({sig}) {{ {pre}{self.call}({args}); }}\n")
 
     def manifest(self) -> dict:
-        return {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
-                "params": [list(p) for p in self.params], "call": self.call}
+        m = {"block": [self.threads, 1, 1], "smem": self.smem, "cluster": self.cluster,
+             "params": [list(p) for p in self.params], "call": self.call}
+        if self.resident:
+            m["resident"] = self.resident
+        return m
 
 
 def cdiv(a: int, b: int) -> int:
@@ -356,6 +364,22 @@ WGMMA_XT_TABLE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
 # split gemm_split gives) against 28.8 for gemv_q4 in two 32-row tiles. ZS where it is not
 # gemm_split's:
 WGMMA_XT_ZS: dict[tuple[int, str], int] = {(64, "narrow"): 4, (24, "gate_up"): 4}
+# The split down and out projections at 24 and 32 rows (one warpgroup, 2 ring stages, ZS 8) say
+# three blocks per SM (MB) but run five: 93-96 registers and 21-25 KB of shared memory allow
+# it, and their 640 blocks (80 row blocks x 8) fill one wave of 660 slots only at five. Version
+# 20 lost that by accident (a merge at 109 registers, four blocks per SM: 1.2 waves, B = 24
+# +0.48 ms), and declaring five in __launch_bounds__ capped the registers at a cost of its own
+# (B = 24 +0.07 ms). So the gate checks it instead (Entry.resident).
+WGMMA_XT_RESIDENT: dict[tuple[int, str], int] = {(24, "long"): 5, (24, "narrow"): 5,
+                                                 (32, "long"): 5, (32, "narrow"): 5}
+
+
+def wgmma_resident(rows: int, k: int, btg: int, xt: int, zs: int) -> int:
+    """Blocks per SM the tile-order wgmma_q4 launch of this weight was measured at beyond its MB
+    (WGMMA_XT_RESIDENT, split launches only), or 0."""
+    return WGMMA_XT_RESIDENT.get((btg, _shape_kind(rows, k)), 0) if xt and zs > 1 else 0
+
+
 # QWEN38_WGMMA_ZS="long=4,narrow=2" (A/B runs, version 19): the split of the tile-order wgmma_q4
 # launches of those shape kinds at every btg, instead of WGMMA_XT_ZS / gemm_split's.
 WGMMA_ZS = os.environ.get("QWEN38_WGMMA_ZS", "")
@@ -404,7 +428,7 @@ def wgmma_launch(rows: int, k: int, btg: int, R: int,
 
 
 def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
-                mb: int = 1, xt: int = 0, pp: int = 0) -> Entry:
+                mb: int = 1, xt: int = 0, pp: int = 0, resident: int = 0) -> Entry:
     ks = min(GEMV_KS, k // 128)
     nt = btg // 8
     smem = wgmma_smem(k, nt, wg, mw, xs, zs, xt)
@@ -413,6 +437,7 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
                       + ("_p1" if pp else "") + ("_t1" if xt else ""),
                  call=f"q38::wgmma_q4<{k}, {nt}, {ks}, {epi}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>",
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
+                 resident=resident,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",))
 
 
@@ -505,8 +530,14 @@ class Plan:
     schedule: dict = field(default_factory=dict)
 
     def entry(self, e: Entry) -> Entry:
-        if all(x.name != e.name for x in self.entries):
-            self.entries.append(e)
+        """Add e unless an entry of its name is there; an instance launched where it must keep
+        more blocks per SM resident keeps the larger requirement."""
+        for i, x in enumerate(self.entries):
+            if x.name == e.name:
+                if e.resident > x.resident:
+                    self.entries[i] = dataclasses.replace(x, resident=e.resident)
+                return e
+        self.entries.append(e)
         return e
 
 
@@ -1071,7 +1102,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         wl, gl = tensor_launch(wname, R, xt)
         if wl:
             wg, mw, xs, zs, mb, xt_, pp = wl
-            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp), 4 * wg * mw,
+            res = wgmma_resident(n_out, k, btg, xt_, zs)
+            e, tiles, pf = (wgmma_entry(k, btg, epi, wg, mw, xs, zs, mb, xt_, pp, res), 4 * wg * mw,
                             wgmma_part_floats(k, btg // 8, wg, mw))
         elif gl:
             mt, wr, st, zs, mb = gl

@@ -506,3 +506,30 @@ def test_attention_kernel_choice(monkeypatch, tmp_path):
              for p in (tc, cc)]
     # grid.y, grid.z: (sequence, kv head) pairs and chunk rows alike; grid.x: each kernel's target
     assert [g[1:] for g in grids[0]] == [g[1:] for g in grids[1]]
+
+
+def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
+    """The 27B's split down and out launches at 24- and 32-row tiles (one wave of 640 blocks at
+    five blocks per SM, version 20) carry resident 5 in the manifest for the gate to check; the
+    64-row ones (three, as their __launch_bounds__ say) and every other entry carry none, and the
+    program's source does not change with it."""
+    from qwen38gen import ops
+
+    cfg = PRESETS["qwen3.8-27b"]
+    for batch, want in ((24, 5), (64, 0), (32, 5)):
+        prog = emit_program(cfg, Lanes.make(batch, pt=1))
+        res = {name: k.get("resident", 0) for name, k in prog.manifest["kernels"].items()}
+        split = {L["k"] for L in prog.manifest["schedule"]["decode"]
+                 if "_wg" in L["k"] and L["grid"][2] > 1}
+        assert {n.split("_")[2] for n in split} == {"k17408", "k6144"}
+        assert all(res[n] == want for n in split)
+        assert not any(r for n, r in res.items() if n not in split)
+    monkeypatch.setattr(ops, "WGMMA_XT_RESIDENT", {})
+    bare = emit_program(cfg, Lanes.make(32, pt=1))
+    assert bare.source == prog.source and bare.manifest != prog.manifest
+    plan = ops.Plan()
+    a = ops.wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0)
+    plan.entry(a)
+    plan.entry(ops.wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0, resident=5))  # where it needs five
+    plan.entry(a)
+    assert [x.resident for x in plan.entries] == [5]

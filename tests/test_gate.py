@@ -91,3 +91,36 @@ def test_emitted_program_passes(tmp_path):
     res = G.gate_file(cu)
     assert not res.problems and {k.name for k in res.kernels} == set(prog.manifest["kernels"])
     assert all(k.threads for k in res.kernels)  # launch bounds from the manifest
+
+
+def test_resident_blocks_per_sm():
+    """An entry whose schedule needs N blocks per SM resident (ops Entry.resident: the split
+    24/32-row GEMVs, measured at five) fails the gate when its registers or shared memory allow
+    fewer: version 20's merge at 109 registers left four and cost B = 24 0.48 ms."""
+    k = G.KernelResources("q38_gemv_split", registers=95, smem=128, threads=128, dyn_smem=20736,
+                          resident=5)
+    assert k.blocks_per_sm() == 5 and not k.problems()   # 96 a thread x 128 = 12288 of 65536
+    k.registers = 109                                      # 112 x 128: four
+    assert k.blocks_per_sm() == 4
+    assert k.problems() == ["4 blocks per SM (109 registers, 20864 B shared); its schedule needs 5"]
+    k.registers, k.dyn_smem = 64, 60 * 1024               # shared memory: 228 KiB / 62.1 KiB
+    assert k.blocks_per_sm() == 3 and k.problems()
+    k.resident = 0                                         # not checked
+    assert not k.problems()
+
+
+RESIDENT = """
+extern "C" __global__ void __launch_bounds__(1024) wide(float* y) { y[threadIdx.x] = 1.f; }
+"""
+
+
+def test_the_manifest_gives_the_gate_its_resident_blocks():
+    """compile_source reads threads, dynamic shared memory and resident blocks from the
+    manifest: a 1024-thread block cannot have three an SM (2048 threads)."""
+    kernels = {"wide": {"block": [1024, 1, 1], "smem": 0, "resident": 3}}
+    res = G.compile_source(RESIDENT, "wide.cu", manifest={"kernels": kernels})
+    (k,) = res.kernels
+    assert (k.threads, k.resident, k.blocks_per_sm()) == (1024, 3, 2)
+    assert res.problems and "its schedule needs 3" in res.problems[0]
+    kernels["wide"]["resident"] = 2
+    assert not G.compile_source(RESIDENT, "wide.cu", manifest={"kernels": kernels}).problems
