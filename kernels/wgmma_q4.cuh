@@ -178,6 +178,22 @@ __device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32
   const int g = lane >> 2;
   sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
 }
+// The 8 k-step descriptors of a group's activation tile, `off` bytes into the shared window
+// desc0 describes, and a pin that has every input of the group's wgmmas (the descriptors, the MW
+// sets of A fragments) defined before they start (wgmma_q4, wgmma_sk_q4).
+template <int NT, int MW>
+__device__ __forceinline__ void wgmma_group_descs(uint64_t desc0, int off, uint32_t (&a)[MW][8][4],
+                                                  uint64_t (&desc)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    desc[k] = desc0 + (uint64_t)((off + k * NT * 256) >> 4);
+    asm volatile("" : "+l"(desc[k]));
+#pragma unroll
+    for (int b = 0; b < MW; ++b)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[b][k][j]));
+  }
+}
 // Writes to shared memory by the generic proxy (cp.async) made visible to the tensor cores.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // NT: n-tiles (8 activation rows), BTG = 8*NT; KS: the parts of K (as gemv_q4: min(8, K/128));
@@ -342,15 +358,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
     for (int b = 0; b < MW; ++b) wgmma_slot_a<(AB & 2) != 0>(ws + b * 66, lane, a[p][b], sw[p][b]);
     uint64_t desc[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      desc[k] = desc0 + (uint64_t)((xs * XB + k * NT * 256) >> 4);
-      asm volatile("" : "+l"(desc[k]));  // every input of the wgmmas is defined before they start
-#pragma unroll
-      for (int b = 0; b < MW; ++b)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[p][b][k][j]));
-    }
+    wgmma_group_descs<NT, MW>(desc0, xs * XB, a[p], desc);
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
     wgmma_fence();
 #pragma unroll

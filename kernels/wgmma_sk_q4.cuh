@@ -258,13 +258,7 @@ __device__ __forceinline__ void wgmma_sk_q4(const uint4* __restrict__ qweight, c
                      warp * 66,
                  lane, a[q], sw[q]);
     uint64_t desc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      desc[i] = desc0 + (uint64_t)((s * XB + i * NT * 256) >> 4);
-      asm volatile("" : "+l"(desc[i]));  // every input of the wgmmas is defined before they start
-#pragma unroll
-      for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[q][i][j]));
-    }
+    wgmma_group_descs<NT, 1>(desc0, s * XB, reinterpret_cast<uint32_t(&)[1][8][4]>(a[q]), desc);
     wgmma_fence();
 #pragma unroll
     for (int i = 0; i < 8; ++i) Wgmma<NT>::mma(pt[q], a[q][i], desc[i], i);
