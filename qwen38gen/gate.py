@@ -1,8 +1,10 @@
 """The compile gate: nvcc only. Compile a .cu to a cubin, parse its resources, fail typed.
 
-A program passes when nvcc compiles it, no kernel spills or keeps a local-memory stack frame, and
-no kernel uses more registers than its launch bound allows (registers × threads ≤ 65536, so one
-block fits an SM). Results are cached by the code (the generated header comment excluded: it
+A program passes when nvcc compiles it, no kernel spills or keeps a local-memory stack frame, no
+kernel uses more registers than its launch bound allows (registers × threads ≤ 65536, so one
+block fits an SM), none has its warpgroup MMAs serialized by ptxas (C7513 and its kin: the
+wgmmas the schedule keeps in flight would wait for each other), and each holds the blocks per SM
+its schedule needs. Results are cached by the code (the generated header comment excluded: it
 does not change the compiled bytes), the flags, the nvcc version and the arch.
 """
 
@@ -44,6 +46,7 @@ class KernelResources:
     threads: int | None = None  # from the manifest, when there is one
     dyn_smem: int = 0           # dynamic shared memory (manifest)
     resident: int = 0           # blocks per SM its schedule needs (manifest; 0: not checked)
+    serialized: str = ""        # ptxas's code (C75xx) where it serialized the kernel's wgmmas
 
     def blocks_per_sm(self) -> int:
         """Blocks of this kernel an SM holds at once: registers, shared memory, threads."""
@@ -59,6 +62,8 @@ class KernelResources:
             p.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
         if self.stack:
             p.append(f"{self.stack} B local-memory stack frame")
+        if self.serialized:
+            p.append(f"wgmma instructions serialized by ptxas ({self.serialized})")
         if self.threads and self.registers * self.threads > REGISTER_FILE:
             p.append(f"{self.registers} registers × {self.threads} threads > {REGISTER_FILE}")
         elif self.threads and self.resident and self.blocks_per_sm() < self.resident:
@@ -126,6 +131,7 @@ def code_of(source: str) -> str:
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_SERIAL = re.compile(r"\((C\d+)\) Potential Performance Loss: wgmma.*serialized.*function '([^']+)'")
 
 
 def parse_ptxas(log: str) -> list[KernelResources]:
@@ -141,6 +147,9 @@ def parse_ptxas(log: str) -> list[KernelResources]:
         elif cur is not None and (m := _USED.search(line)):
             cur.registers = int(m.group(1))
             cur.smem = int(m.group(2) or 0)
+    serial = {m.group(2): m.group(1) for m in _SERIAL.finditer(log)}  # reported before the entries
+    for k in ks:
+        k.serialized = serial.get(k.name, "")
     return ks
 
 

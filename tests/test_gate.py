@@ -43,6 +43,24 @@ ptxas info    : Used 40 registers, used 1 barriers, 16 bytes cumulative stack si
     assert len(k.problems()) == 3  # spills, stack, registers × threads > 65536
 
 
+def test_serialized_wgmma_fails_the_gate():
+    """ptxas reports serialized warpgroup MMAs before the entries' resources (nvcc 13.0)."""
+    log = """ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the function 'k2'
+ptxas info    : Compiling entry function 'k1' for 'sm_90a'
+ptxas info    : Function properties for k1
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 2 barriers
+ptxas info    : Compiling entry function 'k2' for 'sm_90a'
+ptxas info    : Function properties for k2
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 2 barriers
+"""
+    k1, k2 = G.parse_ptxas(log)
+    assert (k1.serialized, k1.problems()) == ("", [])
+    assert k2.serialized == "C7513"
+    assert k2.problems() == ["wgmma instructions serialized by ptxas (C7513)"]
+
+
 def test_good_then_cached():
     r1 = G.compile_source(GOOD, "good.cu")
     assert not r1.cached and [k.name for k in r1.kernels] == ["ok"] and not r1.problems
