@@ -469,6 +469,28 @@ WGMMA_SK_TABLE: dict[tuple[int, str], tuple[int, int, int]] = {
 }
 WGMMA_SK = os.environ.get("QWEN38_WGMMA_SK", "1")
 SK_SMS = GEMM_SMS       # the grid a wgmma_sk_q4 launch fills: one block per SM
+# QWEN38_SK_CFG="gate_up=4:6:0,lm_head=3:4:0" (A/B runs in the step, version 21): (CW, XS, PP)
+# of the wgmma_sk_q4 launches of those shape kinds wherever the table serves them, instead of
+# its own (with QWEN38_WGMMA_SK=all: of every launch of those kinds, the tiny model's locks).
+SK_CFG = os.environ.get("QWEN38_SK_CFG", "")
+
+
+def _sk_cfg_knob(kind: str) -> tuple[int, int, int] | None:
+    """QWEN38_SK_CFG's (CW, XS, PP) for this shape kind (None: not set), checked."""
+    out = None
+    for item in filter(None, (t.strip() for t in SK_CFG.split(","))):
+        k, _, v = item.partition("=")
+        parts = v.split(":")
+        ok = (k.strip() in ("gate_up", "in", "lm_head", "long", "narrow") and len(parts) == 3
+              and all(x.strip().isdigit() for x in parts))
+        cw, xs, pp = (int(x) for x in parts) if ok else (0, 0, 0)
+        if not (ok and 1 <= cw <= 4 and 2 <= xs <= 16 and pp in (0, 1)):
+            raise UserError(f"QWEN38_SK_CFG={SK_CFG!r}: {item!r} is not kind=CW:XS:PP; use items "
+                            "like gate_up=3:4:0 separated by commas (kind gate_up, in, lm_head, "
+                            "long or narrow; CW 1-4, XS 2-16, PP 0 or 1), or leave it unset")
+        if k.strip() == kind:
+            out = (cw, xs, pp)
+    return out
 
 
 def sk_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
@@ -480,8 +502,11 @@ def sk_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
                         "measured faster), 0 (never) or all (every tile-order launch), or leave it "
                         "unset")
     if WGMMA_SK == "all":
-        return 2, 4, 0
-    return WGMMA_SK_TABLE.get((btg, _shape_kind(rows, k))) if WGMMA_SK == "1" else None
+        return _sk_cfg_knob(_shape_kind(rows, k)) or (2, 4, 0)
+    if WGMMA_SK == "0":
+        return None
+    table = WGMMA_SK_TABLE.get((btg, _shape_kind(rows, k)))
+    return (_sk_cfg_knob(_shape_kind(rows, k)) or table) if table else None
 
 
 def sk_grid(rows: int, k: int, cw: int) -> tuple[int, int]:

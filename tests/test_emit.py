@@ -377,6 +377,38 @@ def test_wgmma_split_knob(monkeypatch):
         emit_program(PRESETS["tiny"], Lanes.make(64, pt=1))
 
 
+def test_sk_config_knob(monkeypatch):
+    """QWEN38_SK_CFG (A/B runs, version 21) sets (CW, XS, PP) of the wgmma_sk_q4 launches of the
+    shape kinds it names where the table serves them (with QWEN38_WGMMA_SK=all: every launch of
+    those kinds), and a malformed item is a UserError naming the knob and what it takes."""
+    from qwen38gen import ops
+    from qwen38gen.errors import UserError
+
+    def sk(model, b):
+        prog = emit_program(PRESETS[model], Lanes.make(b, pt=1))
+        return sorted({L["k"] for L in prog.manifest["schedule"]["decode"] if "_sk" in L["k"]})
+
+    assert sk("qwen3.8-27b", 64) == ["q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1",
+                                     "q38_gemv_k5120_sk3_n8_s8_e0_x4_t1", "q38_gemv_k5120_sk3_n8_s8_e2_x4_t1"]
+    monkeypatch.setattr(ops, "SK_CFG", "gate_up=2:6:1, narrow=1:2:0")
+    assert sk("qwen3.8-27b", 64) == ["q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1",
+                                     "q38_gemv_k5120_sk2_n8_s8_e2_x6_p1_t1", "q38_gemv_k5120_sk3_n8_s8_e0_x4_t1"]
+    monkeypatch.setattr(ops, "SK_CFG", "long=2:4:1")   # not served by the table at 64 rows
+    assert sk("qwen3.8-27b", 64)[0] == "q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1"
+    monkeypatch.setattr(ops, "WGMMA_SK", "all")
+    knob = sk("tiny", 64)
+    monkeypatch.setattr(ops, "SK_CFG", "")
+    plain = sk("tiny", 64)   # (2, 4, 0) everywhere; the long kind (the down projection) gets PP 1
+    assert len(knob) == len(plain) and not any("_p1" in n for n in plain)
+    assert sorted(n for n in knob if "_p1" not in n) == sorted(n for n in plain if n in knob)
+    assert [n.replace("_p1", "") for n in knob if "_p1" in n] == ["q38_gemv_k1024_sk2_n8_s8_e1_x4_t1",
+                                                                  "q38_gemv_k1536_sk2_n8_s8_e1_x4_t1"]
+    for bad in ("gate_up=5:4:0", "gate_up=3:4:2", "gate_up=3:4", "mlp=3:4:0"):
+        monkeypatch.setattr(ops, "SK_CFG", bad)
+        with pytest.raises(UserError, match=f"QWEN38_SK_CFG={bad!r}: .* is not kind=CW:XS:PP"):
+            sk("qwen3.8-27b", 64)
+
+
 @pytest.mark.parametrize("model,batch,mtp,arch", [
     ("qwen3.8-27b", 1, 0, "sm_90a"), ("qwen3.8-27b", 2, 0, "sm_90a"), ("qwen3.8-27b", 8, 0, "sm_90a"),
     ("qwen3.8-27b", 16, 0, "sm_90a"), ("qwen3.8-27b", 32, 0, "sm_90a"), ("qwen3.8-27b", 1, 1, "sm_90a"),
