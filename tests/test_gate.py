@@ -61,6 +61,61 @@ ptxas info    : Used 128 registers, used 2 barriers
     assert k2.problems() == ["wgmma instructions serialized by ptxas (C7513)"]
 
 
+# Two partials in flight whose accumulators are read between a wgmma's start and its wait: ptxas
+# serializes the kernel's wgmmas (C7514); with the wait first it does not.
+SERIAL = """#include "wgmma_q4.cuh"
+extern "C" __global__ void __launch_bounds__(128, 1) serial(float* y, unsigned long long desc, int n) {
+  float d[2][1][4] = {};
+  uint32_t a[2][4] = {{threadIdx.x, 1u, 2u, 3u}, {threadIdx.x, 5u, 6u, 7u}};
+  q38::wgmma_fence();
+  q38::Wgmma<1>::mma(d[0], a[0], desc, 0);
+  q38::wgmma_commit();
+  for (int i = 0; i < n; ++i) {
+    a[1][0] += i;
+    q38::wgmma_fence();
+    q38::Wgmma<1>::mma(d[1], a[1], desc, 1);
+    q38::wgmma_commit();
+    q38::wgmma_wait<1>();
+    q38::wgmma_fence_regs<1>(d[0]);
+    y[i * 128 + threadIdx.x] = d[0][0][0];
+    a[0][0] += i;
+    q38::wgmma_fence();
+    q38::Wgmma<1>::mma(d[0], a[0], desc, 1);
+    q38::wgmma_commit();
+    q38::wgmma_wait<1>();
+    q38::wgmma_fence_regs<1>(d[1]);
+    y[i * 128 + threadIdx.x + 64] = d[1][0][0];
+  }
+  q38::wgmma_wait<0>();
+  q38::wgmma_fence_regs<1>(d[0]);
+  y[threadIdx.x] = d[0][0][0] + d[1][0][1];
+}
+extern "C" __global__ void __launch_bounds__(128, 1) fine(float* y, unsigned long long desc, int n) {
+  float d[1][4] = {};
+  uint32_t a[4] = {threadIdx.x, 1u, 2u, 3u};
+  for (int i = 0; i < n; ++i) {
+    q38::wgmma_fence();
+    q38::Wgmma<1>::mma(d, a, desc, i);
+    q38::wgmma_commit();
+    q38::wgmma_wait<0>();
+    q38::wgmma_fence_regs<1>(d);
+    a[0] = a[0] * 3u + 1u;
+  }
+  y[threadIdx.x] = d[0][0] + d[0][1] + d[0][2] + d[0][3];
+}
+"""
+
+
+def test_nvcc_serialized_wgmma_fails_the_gate():
+    """The same check on what this nvcc prints for a kernel whose wgmmas it serializes."""
+    from qwen38gen.emit import KERNELS_DIR
+
+    res = G.compile_source(SERIAL, "serial.cu", arch="sm_90a", include_dirs=(str(KERNELS_DIR),))
+    ks = {k.name: k for k in res.kernels}
+    assert ks["fine"].problems() == [] and ks["serial"].serialized.startswith("C75")
+    assert res.problems == [f"serial: wgmma instructions serialized by ptxas ({ks['serial'].serialized})"]
+
+
 def test_good_then_cached():
     r1 = G.compile_source(GOOD, "good.cu")
     assert not r1.cached and [k.name for k in r1.kernels] == ["ok"] and not r1.problems
