@@ -3,7 +3,9 @@
 # shared/device by `make device-prep`), run the GPU tests (TESTS=1; JOBS=16 runs one pytest per
 # test, 16 at a time), regenerate the golden runs (GOLDEN=1), gate one program with its cubin
 # loaded, run `qwen38gen check` at several B, run compute-sanitizer memcheck and racecheck on
-# one prefill chunk + one decode step, and print a summary table last. Logs go to
+# one prefill chunk + one decode step, A/B whole steps of prepared variants (AB=SPEC, from
+# `python3 scripts/ab_step.py prep SPEC` on the CPU machine; carry .ab and the cache), and print
+# a summary table last. Logs go to
 # $OUT/device.log; a regenerated golden file is copied to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwen38-out}
@@ -71,6 +73,15 @@ if [ -n "${PROFILE:-}" ]; then
   # the instruction mix of the profiled functions (cuobjdump ships with the toolkit beside ncu)
   for f in ${SASS_FUN:-}; do cuobjdump -sass -fun "$f" "$PROFILE" > "$OUT/$f.sass" 2>&1; done
   note "ncu gemv" "rc=$rc"
+fi
+
+if [ -n "${AB:-}" ]; then
+  section "A/B step ($AB, B=${AB_B:-64}, ${AB_ROUNDS:-2} rounds)"
+  python3 scripts/ab_step.py run "$AB" --batch "${AB_B:-64}" --rounds "${AB_ROUNDS:-2}" \
+    --json "$OUT/ab.json" > "$OUT/ab.txt" 2>&1; rc=$?
+  cat "$OUT/ab.txt"
+  note "A/B step $AB" "rc=$rc"
+  while IFS= read -r l; do SUMMARY+=("  $l"); done < <(grep -A 99 '^  B variant' "$OUT/ab.txt")
 fi
 
 section "gate"
