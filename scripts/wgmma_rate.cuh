@@ -2,7 +2,8 @@
 // with and without the per-group structure of wgmma_q4 (scripts/wgmma_rate.py runs it).
 //
 // One warpgroup per block multiplies the same shared-memory operands `groups` times; a group is
-// 8 k-steps of m64nNk16 (bf16 x bf16 -> fp32), N = 8*NT. A comes from registers (SS = 0, the
+// 8 k-steps of m64nNk16 (bf16 x bf16 -> fp32), N = 8*NT (8 to 256; below 64 only with A from
+// registers: the 8- to 32-row tiles of wgmma_q4 and wgmma_sk_q4). A comes from registers (SS = 0, the
 // layout of wgmma_q4: the weights dequantized into registers) or from shared memory (SS = 1,
 // what a kernel would use with the activations as A and the dequantized weights as B). MODE:
 //   0 drain   wgmma_q4's structure: 8 k-steps into a partial from zero, wait for them, then
@@ -85,6 +86,23 @@ struct RateMma<32, 1> {
         : "l"(ad), "l"(bd), "r"(acc));
   }
 };
+
+// The narrow shapes (N = 8 … 32: the 8- to 32-row GEMVs), A from registers, through the
+// kernels' own wrapper (wgmma_q4.cuh Wgmma<NT>).
+template <int NT>
+struct RateMmaRs {
+  static __device__ __forceinline__ void mma(float (&d)[4 * NT], const uint32_t (&a)[4], uint64_t, uint64_t bd, int acc) {
+    q38::Wgmma<NT>::mma(reinterpret_cast<float(&)[NT][4]>(d), a, bd, acc);
+  }
+};
+template <>
+struct RateMma<1, 0> : RateMmaRs<1> {};
+template <>
+struct RateMma<2, 0> : RateMmaRs<2> {};
+template <>
+struct RateMma<3, 0> : RateMmaRs<3> {};
+template <>
+struct RateMma<4, 0> : RateMmaRs<4> {};
 
 template <int NT>
 __device__ __forceinline__ void regs_fence(float (&d)[4 * NT]) {
@@ -187,6 +205,15 @@ __device__ __forceinline__ void wgmma_rate(float* sink, int groups) {
   extern "C" __global__ void __launch_bounds__(128, 1) name(float* sink, int groups) {      \
     q38r::wgmma_rate<NT, SS, MODE, DQ>(sink, groups);                                        \
   }
+Q38R_ENTRY(wr_n8_rs_chain, 1, 0, 2, 0)
+Q38R_ENTRY(wr_n8_rs_drain_dq, 1, 0, 0, 1)
+Q38R_ENTRY(wr_n16_rs_chain, 2, 0, 2, 0)
+Q38R_ENTRY(wr_n16_rs_drain, 2, 0, 0, 0)
+Q38R_ENTRY(wr_n16_rs_drain_dq, 2, 0, 0, 1)
+Q38R_ENTRY(wr_n24_rs_chain, 3, 0, 2, 0)
+Q38R_ENTRY(wr_n24_rs_drain_dq, 3, 0, 0, 1)
+Q38R_ENTRY(wr_n32_rs_chain, 4, 0, 2, 0)
+Q38R_ENTRY(wr_n32_rs_drain_dq, 4, 0, 0, 1)
 Q38R_ENTRY(wr_n64_rs_drain, 8, 0, 0, 0)
 Q38R_ENTRY(wr_n64_rs_chain, 8, 0, 2, 0)
 Q38R_ENTRY(wr_n64_rs_drain_dq, 8, 0, 0, 1)

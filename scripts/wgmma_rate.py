@@ -5,7 +5,8 @@ wgmma_q4's per-group structure (8 k-steps into a partial from zero, wait, scale 
 one accumulating chain (no per-group scale), with and without wgmma_q4's unpacking of the code
 words. It answers one design question (bench/NOTES.md, version 16): whether the 64-row GEMV's
 compute is bound by the m64n64k16 instruction shape, by its per-group drain or by the
-unpacking. Not a speed figure of the program: those come from `qwen38gen bench`.
+unpacking; and the same for the narrow shapes (N = 8 … 32) of the 8- to 32-row tiles
+(version 22: is the 16-row wgmma_sk_q4 bound by the rate of m64n16k16?). Not a speed figure of the program: those come from `qwen38gen bench`.
 
   python3 scripts/wgmma_rate.py build OUT.cubin        # CPU machine
   python3 scripts/wgmma_rate.py run OUT.cubin          # GPU machine
@@ -25,7 +26,10 @@ from qwen38gen.gate import compile_kernels  # noqa: E402
 
 SMS = 132
 # (kernel, N) in scripts/wgmma_rate.cuh's entry points
-KERNELS = [("wr_n64_rs_drain", 64), ("wr_n64_rs_chain", 64), ("wr_n64_rs_drain_dq", 64),
+KERNELS = [("wr_n8_rs_chain", 8), ("wr_n8_rs_drain_dq", 8), ("wr_n16_rs_chain", 16),
+           ("wr_n16_rs_drain", 16), ("wr_n16_rs_drain_dq", 16), ("wr_n24_rs_chain", 24),
+           ("wr_n24_rs_drain_dq", 24), ("wr_n32_rs_chain", 32), ("wr_n32_rs_drain_dq", 32),
+           ("wr_n64_rs_drain", 64), ("wr_n64_rs_chain", 64), ("wr_n64_rs_drain_dq", 64),
            ("wr_n64_ss_drain", 64), ("wr_n64_ss_chain", 64), ("wr_n128_rs_chain", 128),
            ("wr_n128_ss_drain", 128), ("wr_n128_ss_chain", 128), ("wr_n256_ss_chain", 256),
            ("wr_n256_rs_chain", 256)]

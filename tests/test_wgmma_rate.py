@@ -14,7 +14,8 @@ import wgmma_rate  # noqa: E402
 
 def test_kernels_cover_the_quoted_shapes():
     names = dict(wgmma_rate.KERNELS)
-    for n in ("wr_n64_rs_drain", "wr_n64_rs_chain", "wr_n64_rs_drain_dq", "wr_n256_ss_chain"):
+    for n in ("wr_n64_rs_drain", "wr_n64_rs_chain", "wr_n64_rs_drain_dq", "wr_n256_ss_chain",
+              "wr_n16_rs_chain", "wr_n16_rs_drain", "wr_n16_rs_drain_dq"):
         assert n in names
     assert all(wgmma_rate.smem_of(n) <= 227 * 1024 for n in names.values())
 
