@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repo root: install PyCUDA from the wheels in .gpu/ (copied from
-# shared/device by `make device-prep`), run the GPU tests (TESTS=1; JOBS=16 runs one pytest per
-# test, 16 at a time), regenerate the golden runs (GOLDEN=1), gate one program with its cubin
-# loaded, run `qwen38gen check` at several B, run compute-sanitizer memcheck and racecheck on
-# one prefill chunk + one decode step, A/B whole steps of prepared variants (AB=SPEC, from
-# `python3 scripts/ab_step.py prep SPEC` on the CPU machine; carry .ab and the cache), and print
-# a summary table last. Logs go to
-# $OUT/device.log; a regenerated golden file is copied to $OUT.
+# On the GPU machine, from the repo root (or from a patched tree under .ab/ with
+# WHEELS=../../.gpu): install PyCUDA from the wheels in .gpu/ (copied from shared/device by
+# `make device-prep`), run the GPU tests (TESTS=1; JOBS=16 runs one pytest per test, 16 at a
+# time), regenerate the golden runs (GOLDEN=1), gate one program with its cubin loaded, run
+# `qwen38gen check` at several B, run compute-sanitizer memcheck and racecheck on one prefill
+# chunk + one decode step, A/B whole steps of prepared variants (AB=SPEC, from
+# `python3 scripts/ab_step.py prep SPEC` on the CPU machine; carry .ab and .cache/ab), and print
+# a summary table last. Logs go to $OUT/device.log; a regenerated golden file is copied to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwen38-out}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl || exit 3
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "${WHEELS:-.gpu}"/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 QWEN38_CACHE=${QWEN38_CACHE:-/tmp/q38cache} OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 Q="python3 -m cli"
