@@ -161,10 +161,11 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 }
 // One warp's A fragments of its m-tile for one group (wgmma_q4, wgmma_sk_q4), dequantized from
 // its ring slot: 64 uint4 of codes (lane l's 16 bytes of k-tile h at [32h + l]) then 2 uint4 of
-// the m-tile's 16 bf16 scales; sw gets the scales of rows g and g+8, packed. RAW (an ablation of
-// scripts/gemv_sweep.py only): the code words as they are, no unpacking.
+// the m-tile's 16 bf16 scales. wgmma_slot_codes unpacks the codes (scripts/wgmma_rate.cuh
+// measures it alone); wgmma_slot_a also gives sw the scales of rows g and g+8, packed. RAW (an
+// ablation of scripts/gemv_sweep.py only): the code words as they are, no unpacking.
 template <bool RAW = false>
-__device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32_t (&a)[8][4], uint32_t& sw) {
+__device__ __forceinline__ void wgmma_slot_codes(const uint4* slot, int lane, uint32_t (&a)[8][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint4 wv = slot[32 * h + lane];
@@ -174,6 +175,10 @@ __device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[4 * h + i][j] = RAW ? wi[i] + j : q4_pair(wi[i], j);
   }
+}
+template <bool RAW = false>
+__device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32_t (&a)[8][4], uint32_t& sw) {
+  wgmma_slot_codes<RAW>(slot, lane, a);
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
   const int g = lane >> 2;
   sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);

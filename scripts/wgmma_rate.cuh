@@ -14,7 +14,7 @@
 //   2 chain   no per-group scaling: every k-step accumulates into acc (what a kernel with the
 //             scale folded into the weights would run), one group left in flight.
 // DQ = 1 (RS only): before each group, each thread loads two uint4 of code words from shared
-// memory and unpacks its A fragments with q4_pair, as wgmma_q4 does.
+// memory and unpacks its A fragments with wgmma_slot_codes, as wgmma_q4 and wgmma_sk_q4 do.
 // Timing only: the operands are fixed bf16 values in [1, 2), the sums go to `sink`.
 #pragma once
 #include "wgmma_q4.cuh"
@@ -137,23 +137,12 @@ __device__ __forceinline__ void wgmma_rate(float* sink, int groups) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[0][k][j] = a[1][k][j] = w32[(k * 4 + j) * 32 + lane];
 
-  auto unpack = [&](int p) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint4 wv = ws[32 * h + lane];
-      const uint32_t wi[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[p][4 * h + i][j] = q38::q4_pair(wi[i], j);
-    }
-  };
   // Group into partial set p (compile time, as wgmma_q4's Parity: ptxas then keeps the PP
   // wgmmas asynchronous), or into acc (MODE 2).
   auto issue = [&](auto P, bool from_zero) {
     constexpr int p = decltype(P)::value;
     float(&d)[4 * NT] = MODE == 2 ? acc : pt[p];
-    if constexpr (DQ) unpack(p);
+    if constexpr (DQ) q38::wgmma_slot_codes(ws, lane, a[p]);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
 #pragma unroll
