@@ -84,14 +84,17 @@ if [ -n "${AB:-}" ]; then
   while IFS= read -r l; do SUMMARY+=("  $l"); done < <(grep -A 99 '^  B variant' "$OUT/ab.txt")
 fi
 
-section "gate"
-$Q emit --batch 16 -o /tmp/q38/tiny-b16.cu && $Q gate -q /tmp/q38/tiny-b16.cu
-note "gate tiny b16 (cubin loaded)" "rc=$?"
+if [ "${BASIC:-1}" = 1 ]; then  # BASIC=0: skip the gate and run smoke checks (A/B, locks only)
+  section "gate"
+  $Q emit --batch 16 -o /tmp/q38/tiny-b16.cu && $Q gate -q /tmp/q38/tiny-b16.cu
+  note "gate tiny b16 (cubin loaded)" "rc=$?"
 
-section "run"
-echo '[[1, 2, 3], [7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]' > /tmp/prompts.json
-$Q run --prompts /tmp/prompts.json --steps 8 --batch 2 --json "$OUT/run.json"
-note "run --batch 2 (3 prompts, 2 batches)" "rc=$?"
+  section "run"
+  echo '[[1, 2, 3], [7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]' > /tmp/prompts.json
+  $Q run --prompts /tmp/prompts.json --steps 8 --batch 2 --json "$OUT/run.json"
+  note "run --batch 2 (3 prompts, 2 batches)" "rc=$?"
+
+fi
 
 for B in ${CHECK_B-1 2 3 16 17 64}; do
   section "check --batch $B"

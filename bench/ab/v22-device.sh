@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Version 22's pending device work (bench/NOTES.md, "Version 22", Next), written while no device
+# was lent. Two device calls of under ten minutes each, from the repo root:
+#
+#   bash bench/ab/v22-device.sh prep      # CPU machine first: trees, programs, cubins
+#   device: bash bench/ab/v22-device.sh speed   carry [".gpu", ".ab", ".cache/ab"]
+#   device: bash bench/ab/v22-device.sh locks   carry [".gpu", ".ab", ".cache/ab"]
+#
+# speed: the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64 and
+#        the gemv_store A/B at B = 1 and 16 (scripts/ab_step.py); ncu of the 16-row gate_up on
+#        wgmma_sk_q4 against gemv_q4 (stall reasons, per-instruction samples).
+# locks: the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
+#        the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree.
+# Everything lands in one tar and a summary (the device returns at most 8 files).
+set -uo pipefail
+ROOT=$PWD
+C=.cache/ab
+case "${1:-}" in
+prep)
+  PY=${PY:-$ROOT/.venv/bin/python}
+  make device-prep
+  $PY scripts/ab_step.py prep bench/ab/v22-four-consumers.txt --batch 64 || exit 1
+  $PY scripts/ab_step.py prep bench/ab/v22-gemv-store.txt --batch 1,16 || exit 1
+  $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
+  GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $C/sk16.cubin || exit 1
+  # the locks' tiny programs in the gemv_store tree (check at B = 1, 16, 64 and --mtp 1 at 16)
+  (cd .ab/store && QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:1 tiny:16 tiny:64 tiny:16:1) || exit 1
+  du -sh .ab $C .gpu
+  exit 0 ;;
+speed | locks) ;;
+*) echo "usage: bash bench/ab/v22-device.sh prep|speed|locks" >&2; exit 2 ;;
+esac
+
+OUT=${OUT:-/tmp/qwen38-out}
+W=/tmp/v22 && rm -rf $W && mkdir -p $W
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$ROOT
+declare -a S
+step() { local name=$1; shift; echo "==== $name"; "$@" > "$W/$name.txt" 2>&1; local rc=$?
+         S+=("$(printf '%-22s rc=%s' "$name" "$rc")"); tail -n 40 "$W/$name.txt"; }
+# device.sh from a tree: its own OUT folder, the checkout's wheels, none of its default checks
+dev() { local tree=$1 name=$2; shift 2
+        (cd "$tree" && env WHEELS=$ROOT/.gpu OUT=$W/$name QWEN38_CACHE=$ROOT/$C TESTS=0 BASIC=0 CHECK_B= \
+           MTP_CHECK_B= SANITIZE=0 "$@" bash scripts/device.sh) > "$W/$name.txt" 2>&1
+        S+=("$(printf '%-22s' "$name")" "$(sed -n '/==== summary ====/,$p' "$W/$name.txt" | tail -n +2)"); }
+
+if [ "$1" = speed ]; then
+  step rate python3 scripts/wgmma_rate.py run $C/rate.cubin
+  dev . ab64 AB=bench/ab/v22-four-consumers.txt AB_B=64
+  dev . ab1-16 AB=bench/ab/v22-gemv-store.txt AB_B=1,16
+  step ncu16 env GEMV_SWEEP=sk16 GEMV_PROFILE="gate_up:2:s,4,4,0;gate_up:2:b,2,2,0,0" \
+    bash scripts/ncu_stalls.sh $C/sk16.cubin $W/ncu16
+else
+  dev .ab/four-gu sk-tests TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py PYTEST_K=wgmma_sk
+  dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
+    CHECK_B="1 16 64" MTP_CHECK_B=16 SANITIZE=1 SAN_B=3
+fi
+printf '%s\n' "${S[@]}" > $W/summary.txt
+tar czf "$OUT/v22-$1.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"
+echo "==== summary"; cat $W/summary.txt
