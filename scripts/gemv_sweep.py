@@ -176,12 +176,15 @@ SKSWEEP = {
              ("s", 3, 8, 0), ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 4, 4, 0)]),
 }
 # GEMV_SWEEP=sk16: the same at 16 and 24 rows, against gemv_q4 (16 rows, the program's) and the
-# 24-row wgmma_q4 schedules of gate_up and the in projections.
+# 24-row wgmma_q4 schedules of gate_up and the in projections. CW 4 with PP 1 is serialized by
+# ptxas here (C7512, too few registers: marked SERIALIZED); CW 3 with PP 1 is not (version 22).
 SK16 = {
     2: (16, [("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0), ("s", 2, 4, 0), ("s", 2, 8, 0), ("s", 4, 4, 0),
-             ("s", 4, 8, 0), ("s", 2, 6, 0, 1), ("s", 4, 6, 0, 1)]),
+             ("s", 4, 8, 0), ("s", 2, 6, 0, 1), ("s", 4, 6, 0, 1), ("s", 3, 6, 0), ("s", 3, 6, 0, 1),
+             ("s", 3, 4, 0, 1)]),
     3: (24, [("w", 1, 1, 2, 4, 4, 1), ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 3, 1),
-             ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 2, 6, 0, 1), ("s", 4, 4, 0, 1)]),
+             ("s", 3, 6, 0), ("s", 4, 6, 0), ("s", 2, 6, 0, 1), ("s", 4, 4, 0, 1), ("s", 3, 6, 0, 1)]),
+    4: (32, [("w", 1, 1, 3, 1, 3, 1), ("s", 4, 6, 0), ("s", 3, 6, 0), ("s", 3, 6, 0, 1)]),
 }
 SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16),
              ("out", 5120, 6144, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
@@ -343,9 +346,12 @@ def source() -> str:
 def build(cubin: str):
     res = compile_kernels(source(), "gemv_sweep.cu", arch="sm_90a")
     shutil.copyfile(res.cubin, cubin)
+    # SPILL and SERIALIZED (ptxas's C75xx: wgmmas waited one by one) mark a config whose time is
+    # not the design's: version 18's 16- and 24-row CW 4, PP 1 figures were of serialized builds.
     regs = {k.name: f"Used {k.registers} registers, {k.smem} bytes smem"
             + (f" SPILL {k.spill_stores}/{k.spill_loads} B, stack {k.stack} B"
-               if k.spill_stores or k.spill_loads or k.stack else "") for k in res.kernels}
+               if k.spill_stores or k.spill_loads or k.stack else "")
+            + (f" SERIALIZED {k.serialized}" if k.serialized else "") for k in res.kernels}
     Path(cubin + ".regs.json").write_text(json.dumps(regs, indent=1))
     print(f"{len(list(instances()))} instances -> {cubin}")
 
@@ -505,7 +511,8 @@ def report(results):
               f"{r['us']:9.1f} {r['gbs']:7.0f} {r.get('us_pdl', 0):9.1f} {r.get('gbs_pdl', 0):7.0f} "
               f"{'yes' if r['bitwise_same'] else 'NO':4s}  "
               f"{'' if r['bitwise_same'] else 'err %.1e ' % r.get('err', 0)}"
-              f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}")
+              f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}"
+              f"{' SERIALIZED' if 'SERIALIZED' in r['regs'] else ''}")
     print("\nbest per (shape, NT) and the step-weighted GEMV time:")
     best = {}
     for r in results:
