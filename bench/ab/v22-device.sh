@@ -3,14 +3,18 @@
 # was lent. Two device calls of under ten minutes each, from the repo root:
 #
 #   bash bench/ab/v22-device.sh prep      # CPU machine first: trees, programs, cubins
-#   device: bash bench/ab/v22-device.sh speed   carry [".gpu", ".ab", ".cache/ab"]
-#   device: bash bench/ab/v22-device.sh locks   carry [".gpu", ".ab", ".cache/ab"]
+#   device: bash bench/ab/v22-device.sh speed    carry [".gpu", ".ab", ".cache/ab"]
+#   device: bash bench/ab/v22-device.sh sweeps   (the same carry)
+#   device: bash bench/ab/v22-device.sh locks    (the same carry)
 #
-# speed: the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64 and
-#        the gemv_store A/B at B = 1 and 16 (scripts/ab_step.py); ncu of the 16-row gate_up on
-#        wgmma_sk_q4 against gemv_q4 (stall reasons, per-instruction samples).
-# locks: the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
-#        the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree.
+# speed:  the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64, the
+#         gemv_store A/B at B = 1 and 16, and gate_up at CW 3, PP 1 at B = 24 and 32
+#         (scripts/ab_step.py).
+# sweeps: in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and sk16 (16 to 32 rows, with CW 3
+#         and CW 4 at PP 1 that ptxas no longer serializes), then ncu of the 16-row gate_up on
+#         wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall reasons, per-instruction).
+# locks:  the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
+#         the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree.
 # Everything lands in one tar and a summary (the device returns at most 8 files).
 set -uo pipefail
 ROOT=$PWD
@@ -21,14 +25,16 @@ prep)
   make device-prep
   $PY scripts/ab_step.py prep bench/ab/v22-four-consumers.txt --batch 64 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-gemv-store.txt --batch 1,16 || exit 1
+  $PY scripts/ab_step.py prep bench/ab/v22-pp1-24-32.txt --batch 24,32 || exit 1
   $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
-  GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $C/sk16.cubin || exit 1
+  (cd .ab/four-gu && GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $ROOT/$C/sk16.cubin &&
+   GEMV_SWEEP=sk4 $PY scripts/gemv_sweep.py build $ROOT/$C/sk4.cubin) || exit 1
   # the locks' tiny programs in the gemv_store tree (check at B = 1, 16, 64 and --mtp 1 at 16)
   (cd .ab/store && QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:1 tiny:16 tiny:64 tiny:16:1) || exit 1
   du -sh .ab $C .gpu
   exit 0 ;;
-speed | locks) ;;
-*) echo "usage: bash bench/ab/v22-device.sh prep|speed|locks" >&2; exit 2 ;;
+speed | sweeps | locks) ;;
+*) echo "usage: bash bench/ab/v22-device.sh prep|speed|sweeps|locks" >&2; exit 2 ;;
 esac
 
 OUT=${OUT:-/tmp/qwen38-out}
@@ -49,8 +55,16 @@ if [ "$1" = speed ]; then
   step rate python3 scripts/wgmma_rate.py run $C/rate.cubin
   dev . ab64 AB=bench/ab/v22-four-consumers.txt AB_B=64
   dev . ab1-16 AB=bench/ab/v22-gemv-store.txt AB_B=1,16
-  step ncu16 env GEMV_SWEEP=sk16 GEMV_PROFILE="gate_up:2:s,4,4,0;gate_up:2:b,2,2,0,0" \
-    bash scripts/ncu_stalls.sh $C/sk16.cubin $W/ncu16
+  dev . ab24-32 AB=bench/ab/v22-pp1-24-32.txt AB_B=24,32
+elif [ "$1" = sweeps ]; then
+  cd .ab/four-gu || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+  step sk4 env GEMV_SWEEP=sk4 python3 scripts/gemv_sweep.py run $ROOT/$C/sk4.cubin $W/sk4.json
+  step sk16 env GEMV_SWEEP=sk16 GEMV_SHAPES=gate_up,gdn.in,attn.in,lm_head \
+    python3 scripts/gemv_sweep.py run $ROOT/$C/sk16.cubin $W/sk16.json
+  step ncu16 env GEMV_SWEEP=sk16 GEMV_PROFILE="gate_up:2:s,4,4,0;gate_up:2:s,3,6,0,1;gate_up:2:b,2,2,0,0" \
+    bash scripts/ncu_stalls.sh $ROOT/$C/sk16.cubin $W/ncu16
+  cd "$ROOT"
 else
   dev .ab/four-gu sk-tests TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py PYTEST_K=wgmma_sk
   dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
