@@ -473,34 +473,55 @@ SK_SMS = GEMM_SMS       # the grid a wgmma_sk_q4 launch fills: one block per SM
 # of the wgmma_sk_q4 launches of those shape kinds wherever the table serves them, instead of
 # its own (with QWEN38_WGMMA_SK=all: of every launch of those kinds, the tiny model's locks).
 SK_CFG = os.environ.get("QWEN38_SK_CFG", "")
+# QWEN38_SK16="gate_up=3:6:1,in=3:6:1" (A/B runs, version 22): the 16-row tiles of those shape
+# kinds on wgmma_sk_q4 at (CW, XS, PP), their inputs in tile order (the norm writes it), instead
+# of gemv_q4. gate_up then stores gu and the swiglu kernel runs (gemv_q4's fused SwiGLU is not
+# there); sm_90a lanes only. Two partials in flight (PP 1), which ptxas serialized at four
+# consumer warpgroups in version 18's 16-row sweep, are the reason to try it (bench/NOTES.md).
+SK16 = os.environ.get("QWEN38_SK16", "")
+SK_KINDS = ("gate_up", "in", "lm_head", "long", "narrow")
+
+
+def _sk_items(knob: str, value: str) -> dict[str, tuple[int, int, int]]:
+    """A knob's kind=CW:XS:PP items (QWEN38_SK_CFG, QWEN38_SK16), checked: kind -> (CW, XS, PP)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in value.split(","))):
+        k, _, v = item.partition("=")
+        parts = v.split(":")
+        ok = (k.strip() in SK_KINDS and len(parts) == 3 and all(x.strip().isdigit() for x in parts))
+        cw, xs, pp = (int(x) for x in parts) if ok else (0, 0, 0)
+        if not (ok and 1 <= cw <= 4 and 2 <= xs <= 16 and pp in (0, 1)):
+            raise UserError(f"{knob}={value!r}: {item!r} is not kind=CW:XS:PP; use items "
+                            "like gate_up=3:4:0 separated by commas (kind gate_up, in, lm_head, "
+                            "long or narrow; CW 1-4, XS 2-16, PP 0 or 1), or leave it unset")
+        out[k.strip()] = (cw, xs, pp)
+    return out
 
 
 def _sk_cfg_knob(kind: str) -> tuple[int, int, int] | None:
     """QWEN38_SK_CFG's (CW, XS, PP) for this shape kind (None: not set), checked."""
-    out = None
-    for item in filter(None, (t.strip() for t in SK_CFG.split(","))):
-        k, _, v = item.partition("=")
-        parts = v.split(":")
-        ok = (k.strip() in ("gate_up", "in", "lm_head", "long", "narrow") and len(parts) == 3
-              and all(x.strip().isdigit() for x in parts))
-        cw, xs, pp = (int(x) for x in parts) if ok else (0, 0, 0)
-        if not (ok and 1 <= cw <= 4 and 2 <= xs <= 16 and pp in (0, 1)):
-            raise UserError(f"QWEN38_SK_CFG={SK_CFG!r}: {item!r} is not kind=CW:XS:PP; use items "
-                            "like gate_up=3:4:0 separated by commas (kind gate_up, in, lm_head, "
-                            "long or narrow; CW 1-4, XS 2-16, PP 0 or 1), or leave it unset")
-        if k.strip() == kind:
-            out = (cw, xs, pp)
-    return out
+    return _sk_items("QWEN38_SK_CFG", SK_CFG).get(kind)
+
+
+def sk16_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
+    """QWEN38_SK16's (CW, XS, PP) for this weight at 16-row tiles, or None (other tiles, kinds
+    it does not name, or QWEN38_WGMMA_SK=0)."""
+    if btg != 16 or WGMMA_SK == "0":
+        return None
+    return _sk_items("QWEN38_SK16", SK16).get(_shape_kind(rows, k))
 
 
 def sk_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
     """(CW, XS, PP) of wgmma_sk_q4 for this weight at batch tile btg, or None. Its input must be
     in tile order: the caller asks only where wgmma_launch(..., xt=True) says XT = 1, as it does
-    for every shape the table serves."""
+    for every shape the table serves (or, at 16 rows, where QWEN38_SK16 names the kind)."""
     if WGMMA_SK not in ("0", "1", "all"):
         raise UserError(f"QWEN38_WGMMA_SK={WGMMA_SK!r}: use 1 (the default: wgmma_sk_q4 where "
                         "measured faster), 0 (never) or all (every tile-order launch), or leave it "
                         "unset")
+    sk16 = sk16_launch(rows, k, btg)
+    if sk16:
+        return sk16
     if WGMMA_SK == "all":
         return _sk_cfg_knob(_shape_kind(rows, k)) or (2, 4, 0)
     if WGMMA_SK == "0":
@@ -1087,7 +1108,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         input in (wgmma_q4 with XT = 1), or 0 for rows; its producer writes exactly that."""
         w = plan.weights[wname]
         wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=True) if wgmma else None
-        return btg // 8 if wl and wl[5] else 0
+        sk16 = wgmma and sk16_launch(w["rows"], w["k"], btg)
+        return btg // 8 if (wl and wl[5]) or sk16 else 0
 
     def tensor_launch(wname: str, R: int, xt: bool = False):
         """(wgmma_q4 config, gemm_q4 config) of this weight over R rows, at most one of them set;

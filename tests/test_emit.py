@@ -1,5 +1,6 @@
 """emit: deterministic bytes, the manifest the runtime reads, atomic writes, rejected lanes."""
 
+import collections
 import json
 import re
 import subprocess
@@ -407,6 +408,37 @@ def test_sk_config_knob(monkeypatch):
         monkeypatch.setattr(ops, "SK_CFG", bad)
         with pytest.raises(UserError, match=f"QWEN38_SK_CFG={bad!r}: .* is not kind=CW:XS:PP"):
             sk("qwen3.8-27b", 64)
+
+
+def test_sk16_knob(monkeypatch):
+    """QWEN38_SK16 (A/B runs, version 22) puts the 16-row tiles of the kinds it names on
+    wgmma_sk_q4: their norms write the tile order, gate_up stores gu for the swiglu kernel (no
+    fused SwiGLU), other tiles and the sm_90 lanes are untouched, QWEN38_WGMMA_SK=0 turns it off,
+    and a malformed item is a UserError naming the knob."""
+    from qwen38gen import ops
+    from qwen38gen.errors import UserError
+
+    def kinds(b, arch="sm_90a"):
+        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(b, pt=1, arch=arch))
+        return collections.Counter(L["k"] for L in prog.manifest["schedule"]["decode"])
+
+    base16, base24, base16_90 = kinds(16), kinds(24), kinds(16, "sm_90")
+    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1, in=3:6:1,lm_head=3:6:1")
+    k16 = kinds(16)
+    assert k16["q38_gemv_k5120_sk3_n2_s8_e0_x6_p1_t1"] == 48 + 16 + 64 + 1   # in, gate_up, lm_head
+    assert k16["q38_rmsnorm_h5120_t2"] == 129 and k16["q38_swiglu_f17408"] == 64
+    assert not any("_e2_" in n for n in k16)
+    assert sum(k16.values()) == sum(base16.values()) + 64
+    assert kinds(24) == base24 and kinds(16, "sm_90") == base16_90
+    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1")
+    assert kinds(16)["q38_gemv_k5120_sk3_n2_s8_e0_x6_p1_t1"] == 64
+    monkeypatch.setattr(ops, "WGMMA_SK", "0")
+    assert kinds(16) == base16
+    monkeypatch.setattr(ops, "WGMMA_SK", "1")
+    for bad in ("gate_up=3:6", "up=3:6:1", "gate_up=0:6:1"):
+        monkeypatch.setattr(ops, "SK16", bad)
+        with pytest.raises(UserError, match=f"QWEN38_SK16={bad!r}: .* is not kind=CW:XS:PP"):
+            kinds(16)
 
 
 @pytest.mark.parametrize("model,batch,mtp,arch", [

@@ -5,6 +5,8 @@ grids, the prefill chunk loop with sequences of different lengths (some idle in 
 the hand-off to decode. (It found the o-buffer stride bug that only shows with more than one row.)
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,19 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     bufs["vc"][0, 0, 0, 0, 0] += 1.0
     errs = state_errors(cfg, bufs, 0, st, 0)
     assert errs["conv"] > 1e-3 and errs["v"] > 1e-6, errs
+
+
+@pytest.mark.parametrize("B", [16, 9])
+def test_schedule_with_sk16_matches_reference(setup, monkeypatch, B):
+    """QWEN38_SK16 (version 22) over every shape kind: at 16-row tiles each GEMV is a
+    wgmma_sk_q4 launch (store, residual add, and SwiGLU into the down projection's tile order)
+    reading its input in the tile order the norm writes; a partial tile at B = 9."""
+    from qwen38gen import ops
+
+    cfg, t, ref = setup
+    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1")
+    man = emit_program(cfg, Lanes.make(B, pt=4)).manifest
+    gemvs = [L for L in man["schedule"]["decode"] if L["k"].startswith("q38_gemv")]
+    assert gemvs and all("_sk3_n2_" in L["k"] and "_p1_t1" in L["k"] for L in gemvs)
+    assert {re.search(r"_e(\d)_", L["k"]).group(1) for L in gemvs} == {"0", "1", "2"}
+    _check_against_reference(cfg, t, ref, man, B, 4, None)

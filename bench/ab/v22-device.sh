@@ -8,17 +8,19 @@
 #   device: bash bench/ab/v22-device.sh locks    (the same carry)
 #
 # speed:  the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64, the
-#         gemv_store A/B at B = 1 and 16, and gate_up at CW 3, PP 1 at B = 24 and 32
-#         (scripts/ab_step.py).
+#         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-row
+#         GEMVs on wgmma_sk_q4 (QWEN38_SK16) at B = 16 (scripts/ab_step.py).
 # sweeps: in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and sk16 (16 to 32 rows, with CW 3
 #         and CW 4 at PP 1 that ptxas no longer serializes), then ncu of the 16-row gate_up on
 #         wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall reasons, per-instruction).
 # locks:  the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
-#         the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree.
+#         the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree; check B = 16 and 9
+#         with every 16-row GEMV of the tiny model on wgmma_sk_q4 (QWEN38_SK16).
 # Everything lands in one tar and a summary (the device returns at most 8 files).
 set -uo pipefail
 ROOT=$PWD
 C=.cache/ab
+SK16_ALL=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1
 case "${1:-}" in
 prep)
   PY=${PY:-$ROOT/.venv/bin/python}
@@ -26,6 +28,9 @@ prep)
   $PY scripts/ab_step.py prep bench/ab/v22-four-consumers.txt --batch 64 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-gemv-store.txt --batch 1,16 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-pp1-24-32.txt --batch 24,32 || exit 1
+  $PY scripts/ab_step.py prep bench/ab/v22-sk16.txt --batch 16 || exit 1
+  # the SK16 lock: check on the tiny model with every 16-row GEMV on wgmma_sk_q4
+  QWEN38_SK16=$SK16_ALL QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9 || exit 1
   $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
   (cd .ab/four-gu && GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $ROOT/$C/sk16.cubin &&
    GEMV_SWEEP=sk4 $PY scripts/gemv_sweep.py build $ROOT/$C/sk4.cubin) || exit 1
@@ -56,6 +61,7 @@ if [ "$1" = speed ]; then
   dev . ab64 AB=bench/ab/v22-four-consumers.txt AB_B=64
   dev . ab1-16 AB=bench/ab/v22-gemv-store.txt AB_B=1,16
   dev . ab24-32 AB=bench/ab/v22-pp1-24-32.txt AB_B=24,32
+  dev . ab16-sk AB=bench/ab/v22-sk16.txt AB_B=16
 elif [ "$1" = sweeps ]; then
   cd .ab/four-gu || exit 1
   export PYTHONPATH=/tmp/site:$PWD
@@ -69,6 +75,7 @@ else
   dev .ab/four-gu sk-tests TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py PYTEST_K=wgmma_sk
   dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
     CHECK_B="1 16 64" MTP_CHECK_B=16 SANITIZE=1 SAN_B=3
+  dev . sk16-check CHECK_B="16 9" QWEN38_SK16=$SK16_ALL
 fi
 printf '%s\n' "${S[@]}" > $W/summary.txt
 tar czf "$OUT/v22-$1.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"
