@@ -15,15 +15,19 @@
 #         wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall reasons, per-instruction).
 # locks:  the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
 #         the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree; check B = 16 and 9
-#         with every 16-row GEMV of the tiny model on wgmma_sk_q4 (QWEN38_SK16).
+#         with every 16-row GEMV of the tiny model on wgmma_sk_q4 (QWEN38_SK16); in the rows
+#         tree, the sk SwiGLU GPU tests (tile order and rows) and check B = 16, 9 with gate_up's
+#         SwiGLU written in rows.
 # Everything lands in one tar and a summary (the device returns at most 8 files).
 set -uo pipefail
 ROOT=$PWD
 C=.cache/ab
 SK16_ALL=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1
+SK16_ROWS=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,narrow=3:6:1   # tiny: down (long) reads rows
 case "${1:-}" in
 prep)
   PY=${PY:-$ROOT/.venv/bin/python}
+  rm -rf .ab $C   # only what these runs need travels (the device takes 64 MiB in all)
   make device-prep
   $PY scripts/ab_step.py prep bench/ab/v22-four-consumers.txt --batch 64 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-gemv-store.txt --batch 1,16 || exit 1
@@ -31,6 +35,7 @@ prep)
   $PY scripts/ab_step.py prep bench/ab/v22-sk16.txt --batch 16 || exit 1
   # the SK16 lock: check on the tiny model with every 16-row GEMV on wgmma_sk_q4
   QWEN38_SK16=$SK16_ALL QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9 || exit 1
+  (cd .ab/rows-cw3 && QWEN38_SK16=$SK16_ROWS QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9) || exit 1
   $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
   (cd .ab/four-gu && GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $ROOT/$C/sk16.cubin &&
    GEMV_SWEEP=sk4 $PY scripts/gemv_sweep.py build $ROOT/$C/sk4.cubin) || exit 1
@@ -76,6 +81,8 @@ else
   dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
     CHECK_B="1 16 64" MTP_CHECK_B=16 SANITIZE=1 SAN_B=3
   dev . sk16-check CHECK_B="16 9" QWEN38_SK16=$SK16_ALL
+  dev .ab/rows-cw3 rows-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
+    PYTEST_K=sk_swiglu CHECK_B="16 9" QWEN38_SK16=$SK16_ROWS
 fi
 printf '%s\n' "${S[@]}" > $W/summary.txt
 tar czf "$OUT/v22-$1.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"
