@@ -15,7 +15,9 @@ file (the first line is the base the others are compared with; '#' starts a comm
   run SPEC --batch 64 [--rounds 2] [--json F]
                                      on the GPU machine: `qwen38gen bench` of each variant in its
                                      tree with its settings, the variants alternating, ROUNDS
-                                     rounds; a table of the step and each kind's graph time.
+                                     rounds; a table of the step and each kind's graph time. It
+                                     refuses a variant that prep did not make as the spec now
+                                     says (patches, settings, batches: .ab/.stamps/NAME.json).
 
 Carry `.ab` and `.cache/ab` to the device (scripts/device.sh runs `run` when AB is set); start
 from an empty cache folder so that what travels stays under the device's 64 MiB.
@@ -24,6 +26,7 @@ from an empty cache folder so that what travels stays under the device's 64 MiB.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -151,6 +154,36 @@ def variant_env(v: Variant, root: Path = ROOT, base: dict | None = None,
     return env
 
 
+def stamp(v: Variant, root: Path = ROOT) -> dict:
+    """What a variant's prepared programs depend on beyond the checkout: its patches' text and
+    its settings. prep records it per variant (.ab/.stamps/NAME.json, with the batches prepared);
+    run refuses a variant whose spec line or patches changed since, or a batch not prepared."""
+    return {"patches": [hashlib.sha256((root / p).read_bytes()).hexdigest()[:16] for p in v.patches],
+            "env": v.env}
+
+
+def _stamp_path(v: Variant, root: Path) -> Path:
+    return root / AB_DIR / ".stamps" / f"{v.name}.json"   # names cannot start with a dot
+
+
+def check_prepared(variants: list[Variant], batches: list[int], root: Path = ROOT) -> None:
+    for v in variants:
+        if v.patches and not v.tree(root).is_dir():
+            raise SpecError(f"no tree for {v.name!r} under {AB_DIR}/; run prep first and carry {AB_DIR}")
+        sp = _stamp_path(v, root)
+        if not sp.is_file():
+            raise SpecError(f"variant {v.name!r} was not prepared; run prep first and carry {AB_DIR}")
+        st = json.loads(sp.read_text())
+        if {k: st.get(k) for k in ("patches", "env")} != stamp(v, root):
+            raise SpecError(f"variant {v.name!r} changed since it was prepared (its patches or "
+                            "settings); run prep again")
+        left = sorted(set(batches) - set(st.get("batches", [])))
+        if left:
+            raise SpecError(f"variant {v.name!r}: batch {','.join(map(str, left))} not prepared "
+                            f"(prepared: {','.join(map(str, st.get('batches', [])))}); run prep "
+                            "with those batches")
+
+
 def prep(variants: list[Variant], batches: list[int], cache: str = CACHE, root: Path = ROOT) -> None:
     for v in variants:
         if v.patches:
@@ -163,6 +196,12 @@ def prep(variants: list[Variant], batches: list[int], cache: str = CACHE, root: 
             if "Traceback" in log:  # the gate's or nvcc's own message is the exception's line
                 log = log.splitlines()[-1]
             raise SpecError(f"variant {v.name!r}: its programs do not build:\n{log[-3000:]}")
+        sp, st = _stamp_path(v, root), stamp(v, root)
+        sp.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(sp.read_text()) if sp.is_file() else {}
+        # the same variant prepared by several specs (a base) keeps every batch prepared
+        done = old.get("batches", []) if {k: old.get(k) for k in st} == st else []
+        sp.write_text(json.dumps({**st, "batches": sorted(set(done) | set(batches))}))
         print(f"{v.name}: {' '.join(specs)} compiled and gated", flush=True)
 
 
@@ -238,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.rounds < 1:
             raise SpecError(f"--rounds {a.rounds}: give at least 1")
         if a.verb == "run":
-            missing = [v.name for v in variants if not v.tree().is_dir()]
-            if missing:
-                raise SpecError(f"no tree for {', '.join(missing)} under {AB_DIR}/; run "
-                                f"`python3 scripts/ab_step.py prep {a.spec}` first and carry {AB_DIR}")
+            check_prepared(variants, batches)
             print("\n".join(run(variants, batches, a.rounds, a.json, a.cache)))
         else:
             prep(variants, batches, a.cache)

@@ -1,6 +1,7 @@
 """scripts/ab_step.py, the step A/B harness: its spec grammar, the patched trees it makes (all or
 nothing), the environment each variant runs under, and the table it prints from bench's json."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,52 @@ def test_run_alternates_variants_in_their_trees(tmp_path, capsys):
     assert [ln.split()[1:3] for ln in lines[1:]] == [["base", "17.000"], ["x", "17.000"], ["p", "16.500"]]
     assert lines[3].split()[4:6] == ["-0.500", "-2.9%"]
     assert (tmp_path / "ab.json").exists()
+
+
+def test_run_refuses_what_prep_did_not_make(tmp_path):
+    """run checks each variant against what prep recorded: a missing tree or stamp, a patch or a
+    setting changed since, or a batch not prepared is a SpecError that says to run prep."""
+    root = _repo(tmp_path)
+    base, v = ab_step.parse_spec("base X=1\nv patch=p.diff")
+    with pytest.raises(ab_step.SpecError, match="no tree for 'v'"):
+        ab_step.check_prepared([v], [64], root)
+    ab_step.make_tree(v, root)
+    with pytest.raises(ab_step.SpecError, match="'base' was not prepared"):
+        ab_step.check_prepared([base, v], [64], root)
+    for x in (base, v):   # what prep writes once a variant's programs are built
+        p = ab_step._stamp_path(x, root)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({**ab_step.stamp(x, root), "batches": [16, 64]}))
+    ab_step.check_prepared([base, v], [64], root)
+    ab_step.check_prepared([base, v], [16, 64], root)
+    with pytest.raises(ab_step.SpecError, match="'base': batch 32 not prepared .prepared: 16,64."):
+        ab_step.check_prepared([base, v], [32, 64], root)
+    with pytest.raises(ab_step.SpecError, match="'base' changed since it was prepared"):
+        ab_step.check_prepared(ab_step.parse_spec("base X=2"), [64], root)
+    (root / "p.diff").write_text((root / "p.diff").read_text() + "\n")
+    with pytest.raises(ab_step.SpecError, match="'v' changed since it was prepared"):
+        ab_step.check_prepared([v], [64], root)
+
+
+def test_prep_stamps_keep_the_batches_of_the_same_variant(tmp_path, monkeypatch):
+    """A base named in several specs, prepared at different batches, stays prepared for all of
+    them; a variant whose settings change is prepared anew (its old batches dropped)."""
+    calls = []
+
+    def fake_run(cmd, **kw):   # precompile.py: record the batch specs, succeed
+        calls.append(cmd[2:])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(ab_step.subprocess, "run", fake_run)
+    root = tmp_path
+    (root / ".ab").mkdir()
+    ab_step.prep(ab_step.parse_spec("base"), [64], root=root)
+    ab_step.prep(ab_step.parse_spec("base"), [1, 16], root=root)
+    assert calls == [["qwen3.8-27b:64"], ["qwen3.8-27b:1", "qwen3.8-27b:16"]]
+    base = ab_step.parse_spec("base")
+    ab_step.check_prepared(base, [1, 16, 64], root)
+    ab_step.prep(ab_step.parse_spec("base X=1"), [16], root=root)
+    with pytest.raises(ab_step.SpecError, match="'base' changed since"):
+        ab_step.check_prepared(base, [16], root)
+    with pytest.raises(ab_step.SpecError, match="batch 64 not prepared"):
+        ab_step.check_prepared(ab_step.parse_spec("base X=1"), [64], root)
