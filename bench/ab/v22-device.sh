@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # Version 22's pending device work (bench/NOTES.md, "Version 22", Next), written while no device
-# was lent. Two device calls of under ten minutes each, from the repo root:
+# was lent. Up to four device calls of under ten minutes each, from the repo root:
 #
 #   bash bench/ab/v22-device.sh prep      # CPU machine first: trees, programs, cubins
-#   device: bash bench/ab/v22-device.sh speed    carry [".gpu", ".ab", ".cache/ab"]
-#   device: bash bench/ab/v22-device.sh sweeps   (the same carry)
-#   device: bash bench/ab/v22-device.sh locks    (the same carry)
+#   device: bash bench/ab/v22-device.sh speed        carry [".gpu", ".ab", ".cache/ab"]
+#   device: bash bench/ab/v22-device.sh sweeps       (the same carry; each call < 10 min)
+#   device: bash bench/ab/v22-device.sh locks-sk     (only if an sk variant won)
+#   device: bash bench/ab/v22-device.sh locks-store  (only if the gemv_store patch is to land)
 #
 # speed:  the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64, the
 #         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-row
-#         GEMVs on wgmma_sk_q4 (QWEN38_SK16) at B = 16 (scripts/ab_step.py).
+#         GEMVs on wgmma_sk_q4 (QWEN38_SK16) at B = 16 (scripts/ab_step.py). ~8 min.
 # sweeps: in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and sk16 (16 to 32 rows, with CW 3
 #         and CW 4 at PP 1 that ptxas no longer serializes), then ncu of the 16-row gate_up on
-#         wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall reasons, per-instruction).
-# locks:  the wgmma_sk GPU tests in the four-consumer tree; check B = 1, 16, 64, --mtp 1 B = 16,
-#         the gemv_q4 GPU tests and memcheck B = 3 in the gemv_store tree; check B = 16 and 9
-#         with every 16-row GEMV of the tiny model on wgmma_sk_q4 (QWEN38_SK16); in the rows
-#         tree, the sk SwiGLU GPU tests (tile order and rows) and check B = 16, 9 with gate_up's
-#         SwiGLU written in rows.
+#         wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall reasons, per-instruction). ~5 min.
+# locks-sk: in the tree with both sk patches, the wgmma_sk GPU tests (four consumers, PP 1 at
+#         16 rows, SwiGLU in tile order and in rows) and check B = 16, 9 with gate_up's SwiGLU in
+#         rows; check B = 16, 9 with every 16-row GEMV of the tiny model on wgmma_sk_q4.
+# locks-store: in the gemv_store tree, the gemv_q4 GPU tests, check B = 1, 16, 64, --mtp 1
+#         B = 16, and memcheck and racecheck at B = 3.
 # Everything lands in one tar and a summary (the device returns at most 8 files).
 set -uo pipefail
 ROOT=$PWD
@@ -43,8 +44,8 @@ prep)
   (cd .ab/store && QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:1 tiny:16 tiny:64 tiny:16:1) || exit 1
   du -sh .ab $C .gpu
   exit 0 ;;
-speed | sweeps | locks) ;;
-*) echo "usage: bash bench/ab/v22-device.sh prep|speed|sweeps|locks" >&2; exit 2 ;;
+speed | sweeps | locks-sk | locks-store) ;;
+*) echo "usage: bash bench/ab/v22-device.sh prep|speed|sweeps|locks-sk|locks-store" >&2; exit 2 ;;
 esac
 
 OUT=${OUT:-/tmp/qwen38-out}
@@ -76,13 +77,15 @@ elif [ "$1" = sweeps ]; then
   step ncu16 env GEMV_SWEEP=sk16 GEMV_PROFILE="gate_up:2:s,4,4,0;gate_up:2:s,3,6,0,1;gate_up:2:b,2,2,0,0" \
     bash scripts/ncu_stalls.sh $ROOT/$C/sk16.cubin $W/ncu16
   cd "$ROOT"
+elif [ "$1" = locks-sk ]; then
+  # the rows tree holds both patches: the wgmma_sk GPU tests there cover the four-consumer
+  # configs, PP 1 at 16 rows and the SwiGLU epilogue in tile order and in rows
+  dev .ab/rows-cw3 rows-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
+    PYTEST_K=wgmma_sk CHECK_B="16 9" QWEN38_SK16=$SK16_ROWS
+  dev . sk16-check CHECK_B="16 9" QWEN38_SK16=$SK16_ALL
 else
-  dev .ab/four-gu sk-tests TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py PYTEST_K=wgmma_sk
   dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
     CHECK_B="1 16 64" MTP_CHECK_B=16 SANITIZE=1 SAN_B=3
-  dev . sk16-check CHECK_B="16 9" QWEN38_SK16=$SK16_ALL
-  dev .ab/rows-cw3 rows-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
-    PYTEST_K=sk_swiglu CHECK_B="16 9" QWEN38_SK16=$SK16_ROWS
 fi
 printf '%s\n' "${S[@]}" > $W/summary.txt
 tar czf "$OUT/v22-$1.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"
