@@ -209,3 +209,85 @@ SB_WS(0, 8)
 SB_WS(128, 8)
 SB_WS(128, 16)
 SB_WS(64, 8)
+
+// Warp-specialized and persistent (version 22): one grid over all matrices, every block
+// resident (grid = SMs x blocks per SM; *bar = 0 before the launch), each block one producer
+// warp and 8 consumer warps as sb_ws. The producer streams the block's steps of every matrix in
+// turn (units blockIdx.x, + grid, ... of each) into its R-stage ring and never waits on the
+// barrier: weights do not depend on data. Only the consumers meet the whole grid at a barrier
+// before matrix j > 0 (matrix j's input is matrix j - 1's output), so the ring keeps filling
+// while they wait. A block with no unit in a matrix still arrives. The question it answers: can
+// a persistent step kernel hide its barriers under the weight stream, where sb_persistent (whose
+// warps both load and wait) could not?
+template <int S, int C, int R>
+__device__ __forceinline__ void sb_ws_persistent(const uint4* w, const long* off, const long* n16, int nm,
+                                                 uint32_t never, uint32_t* sink, unsigned* bar) {
+  extern __shared__ __align__(128) uint4 ring[];  // R x STEP_U4 uint4, then 2R mbarriers
+  constexpr long UNIT = (long)S * sb::STEP_U4;
+  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+  const uint32_t bar_s = ring_s + R * sb::STEP_U4 * 16;  // full[R] then empty[R]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < R; ++i) {
+      q38::mbar_init(bar_s + 8 * i, 32);
+      q38::mbar_init(bar_s + 8 * (R + i), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t acc = 0;
+  long k = 0;  // the block's step count over all matrices: ring stage k % R, phase k / R
+  for (int j = 0; j < nm; ++j) {
+    const long units = (n16[j] + UNIT - 1) / UNIT;
+    const long mine = units > (long)blockIdx.x ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const uint4* m = w + off[j];
+    if (warp == 8) {  // the producer: this matrix's steps, straight on from the last one's
+      for (long i = 0; i < mine * S; ++i, ++k) {
+        const int st = (int)(k % R);
+        if (k >= R) q38::mbar_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
+        const long u = blockIdx.x + (i / S) * gridDim.x;
+        const long base = (u * S + i % S) * sb::STEP_U4;
+#pragma unroll
+        for (int c = 0; c < sb::STEP_U4 / 32; ++c) {
+          const long e = base + c * 32 + lane;
+          sb::cp16(ring_s + (uint32_t)(st * sb::STEP_U4 + c * 32 + lane) * 16, m + (e < n16[j] ? e : 0),
+                   e < n16[j]);
+        }
+        q38::mbar_arrive_cp(bar_s + 8 * st);
+      }
+    } else {  // the consumers: the grid barrier (named barrier 1 among the 256), then the steps
+      if (j > 0) {
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (threadIdx.x == 0) {
+          __threadfence();
+          atomicAdd(bar, 1u);
+          while (*(volatile unsigned*)bar < (unsigned)j * gridDim.x) {
+          }
+          __threadfence();
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+      }
+      for (long i = 0; i < mine * S; ++i, ++k) {
+        const int st = (int)(k % R);
+        q38::mbar_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
+        const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
+        __syncwarp();
+        if (lane == 0) q38::mbar_arrive(bar_s + 8 * (R + st));
+        acc ^= sb::work<C>(sb::fold(a) ^ sb::fold(b));
+      }
+    }
+  }
+  if (acc == never) sink[blockIdx.x] = acc;
+}
+
+#define SB_WSP(C, R)                                                                              \
+  extern "C" __global__ void __launch_bounds__(288)                                               \
+      sb_wsp5_c##C##_r##R(const uint4* w, const long* off, const long* n16, int nm, uint32_t never, \
+                          uint32_t* sink, unsigned* bar) {                                        \
+    sb_ws_persistent<5, C, R>(w, off, n16, nm, never, sink, bar);                                 \
+  }
+SB_WSP(0, 8)
+SB_WSP(0, 16)
+SB_WSP(128, 8)
+SB_WSP(128, 16)
+SB_WSP(64, 8)

@@ -13,6 +13,8 @@ layer, then the lm_head; int4 words and bf16 scales together), read
               consumer warps running the C-FMA chain on them (the loads never wait for compute),
   persist     one persistent grid with a barrier of the whole grid between matrices,
   persist-pf  the same, each block requesting its next unit's first step before the barrier,
+  wsp cC rR   one persistent grid of ws blocks whose producer streams every matrix's steps
+              without waiting, only the consumers meeting at the barrier (version 22),
 
 each unit (block) reading what a gemv_q4 block of the B = 1 step reads (kernels in
 scripts/stream_bench.cuh). Blocks per SM are set by padding shared memory (SB_BLOCKS, 4 as
@@ -60,6 +62,7 @@ def build(cubin: str):
     shutil.copyfile(res.cubin, cubin)
     print(f"{len(res.kernels)} kernels -> {cubin}: "
           + ", ".join(f"{k.name} {k.registers} registers" for k in res.kernels))
+    return res
 
 
 def run(cubin: str, reps: int = 10):
@@ -84,11 +87,13 @@ def run(cubin: str, reps: int = 10):
     n16 = drv.to_device(np.asarray([s // 16 for s in sizes], np.int64))
     cds = [(0, 2), (64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4)]
     wss = [(0, 8), (64, 8), (128, 8), (128, 16)]
+    wsps = [(0, 8), (0, 16), (64, 8), (128, 8), (128, 16)]
     names = ("sb_launch5", "sb_persist5", "sb_persist5_pf") + tuple(
         f"sb_launch5_c{c}_d{d}" for c, d in cds)
     ws_smem = {r: r * 8192 + 16 * r for _, r in wss}
     kernels = {n: {"smem": smem} for n in names}
     kernels.update({f"sb_ws5_c{c}_r{r}": {"smem": ws_smem[r]} for c, r in wss})
+    kernels.update({f"sb_wsp5_c{c}_r{r}": {"smem": ws_smem[r]} for c, r in wsps})
     mod = PdlModule(Path(cubin).read_bytes(), kernels)
     s = drv.Stream()
     never = np.int32(0x13572468)
@@ -135,6 +140,12 @@ def run(cubin: str, reps: int = 10):
                  for o, sz in zip(offs, sizes)]
         exe = graphs.capture(s, lambda: [mod.launch(p, s.handle, pdl=True) for p in preps])
         rows.append((f"ws c{c} r{r} ({bps}/SM)", timed(lambda: graphs.launch(exe, s))))
+    for c, r in wsps:  # persistent ws: the producer streams through the consumers' barriers
+        bps = min(7, (228 * 1024) // (ws_smem[r] + 1024))
+        p = mod.prepare(f"sb_wsp5_c{c}_r{r}", (SMS * bps, 1, 1), (288, 1, 1), ws_smem[r],
+                        [np.uintp(int(w)), np.uintp(int(off16)), np.uintp(int(n16)),
+                         np.int32(len(sizes)), never, np.uintp(int(sink)), np.uintp(int(bar))])
+        rows.append((f"wsp c{c} r{r} ({bps}/SM)", timed(lambda: mod.launch(p, s.handle, pdl=False))))
     for label, name in (("persist", "sb_persist5"), ("persist-pf", "sb_persist5_pf")):
         p = mod.prepare(name, (SMS * blocks_per_sm, 1, 1), (256, 1, 1), smem,
                         [np.uintp(int(w)), np.uintp(int(off16)), np.uintp(int(n16)),

@@ -24,5 +24,8 @@ def test_matrices_are_the_floor_models_weights():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_kernels_compile(tmp_path):
     out = tmp_path / "stream.cubin"
-    stream_bench.build(str(out))
+    res = stream_bench.build(str(out))
     assert out.stat().st_size > 0
+    names = {k.name for k in res.kernels}
+    assert {"sb_launch5", "sb_persist5_pf", "sb_ws5_c128_r8", "sb_wsp5_c128_r8", "sb_wsp5_c0_r16"} <= names
+    assert not any(k.spill_stores or k.spill_loads for k in res.kernels)
