@@ -12,7 +12,7 @@
 #         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-row
 #         GEMVs on wgmma_sk_q4 (QWEN38_SK16) at B = 16 (scripts/ab_step.py). ~8 min.
 # sweeps: the B = 1 weight stream's stand-ins with the persistent warp-specialized variant
-#         (scripts/stream_bench.py, wsp); in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and
+#         (scripts/stream_bench.py, wsp), and an ncu of the one-row gdn.in; in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and
 #         sk16 (16 to 32 rows, with CW 3 and CW 4 at PP 1 that ptxas no longer serializes), then
 #         ncu of the 16-row gate_up on wgmma_sk_q4 (CW 4; CW 3 at PP 1) against gemv_q4 (stall
 #         reasons, per-instruction). ~6 min.
@@ -41,6 +41,7 @@ prep)
   (cd .ab/rows-cw3 && QWEN38_SK16=$SK16_ROWS QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9) || exit 1
   $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
   $PY scripts/stream_bench.py build $C/sb.cubin || exit 1
+  GEMV_SWEEP=g1 $PY scripts/gemv_sweep.py build $C/g1.cubin || exit 1
   (cd .ab/four-gu && GEMV_SWEEP=sk16 $PY scripts/gemv_sweep.py build $ROOT/$C/sk16.cubin &&
    GEMV_SWEEP=sk4 $PY scripts/gemv_sweep.py build $ROOT/$C/sk4.cubin) || exit 1
   # the locks' tiny programs in the gemv_store tree (check at B = 1, 16, 64 and --mtp 1 at 16)
@@ -73,6 +74,9 @@ if [ "$1" = speed ]; then
   dev . ab16-sk AB=bench/ab/v22-sk16.txt AB_B=16
 elif [ "$1" = sweeps ]; then
   step stream python3 scripts/stream_bench.py run $C/sb.cubin
+  # where the one-row GEMV's warps stall today (gdn.in at the program's config; version 5's ncu
+  # is many versions old)
+  step ncu1 env GEMV_SWEEP=g1 GEMV_PROFILE="gdn.in:1:b,1,2,0,0" bash scripts/ncu_stalls.sh $C/g1.cubin $W/ncu1
   cd .ab/four-gu || exit 1
   export PYTHONPATH=/tmp/site:$PWD
   step sk4 env GEMV_SWEEP=sk4 python3 scripts/gemv_sweep.py run $ROOT/$C/sk4.cubin $W/sk4.json
