@@ -23,7 +23,9 @@ from qwen38gen import __version__
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import DEFAULT_ARCH
 
-out = Console(highlight=False)
+# Piped or logged output (no terminal to size it by) gets 200 columns rather than rich's 80, so
+# that the bench and gate tables keep every digit in a log; a terminal keeps its own width.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -496,28 +498,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace):
     from qwen38gen import launch
 
     pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
-    t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
-                    f"(measured in this run), programmatic dependent launch {pdl}")
-    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
-              "gemv", "delta rule", "attention", "rest"):
-        t.add_column(c, justify="right")
-    for r in rows:
-        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
-        t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
-                  f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
-    out.print(t)
-    g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
-                    "floor bytes (weights / state / KV) over that time")
-    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
-        g.add_column(c, justify="right")
-    for r in rows:
-        cells = []
-        for k in ("gemv", "delta rule", "attention", "rest"):
-            ms = r.graph_ms.get(k)
-            gb = r.kind_gbs.get(k)
-            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
-        g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
-    out.print(g)
+    for t in _bench_tables(cfg, ctx, bw, rows, pdl):
+        out.print(t)
     if trace:
         _print_traces(rows)
     pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
@@ -562,6 +544,33 @@ def _print_traces(rows):
                 t.add_section()
         t.add_row("step", "", f"{tr['step_us'] / 1e3:.3f}")
         out.print(t)
+
+
+def _bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
+    """bench's two tables: the step against the floor with each kind's share, then each kind's
+    launches as a graph of their own. Numeric cells fold rather than lose digits to an ellipsis
+    when the console is narrower than the table."""
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
+                    f"(measured in this run), programmatic dependent launch {pdl}")
+    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
+              "gemv", "delta rule", "attention", "rest"):
+        t.add_column(c, justify="right", overflow="fold")
+    for r in rows:
+        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
+        t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
+                  f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
+    g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
+                    "floor bytes (weights / state / KV) over that time")
+    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
+        g.add_column(c, justify="right", overflow="fold")
+    for r in rows:
+        cells = []
+        for k in ("gemv", "delta rule", "attention", "rest"):
+            ms = r.graph_ms.get(k)
+            gb = r.kind_gbs.get(k)
+            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
+        g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
+    return [t, g]
 
 
 def _bench_mtp(cfg, bs, ctx, reps, k, json_out):

@@ -78,3 +78,34 @@ def test_quantize_then_generate(tmp_path):
     assert rc == 0, err
     row = lambda s: [l for l in s.splitlines() if "1,2,3" in l][0].split("│")[3].strip()
     assert row(out) == row(out_mem)
+
+
+def test_bench_tables_keep_every_digit():
+    """bench's tables, rendered from a committed run (version 20's json): at 200 columns (what a
+    pipe or log gets) every step, floor and kind figure appears whole; at 80 (a narrow terminal)
+    numbers fold onto two lines but no cell is cut to an ellipsis."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import cli
+    from qwen38gen.bench import BenchRow
+    from qwen38gen.config import PRESETS
+
+    d = json.loads((Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json").read_text())
+    rows = [BenchRow(**{**r, "step_ms_spread": tuple(r["step_ms_spread"])}) for r in d["rows"]]
+    tables = cli._bench_tables(PRESETS["qwen3.8-27b"], d["ctx"], d["copy_bandwidth"], rows, "on")
+
+    def render(width):
+        buf = io.StringIO()
+        con = Console(file=buf, width=width, highlight=False)
+        for t in tables:
+            con.print(t)
+        return buf.getvalue()
+
+    wide = render(200)
+    for r in rows:
+        for v in (f"{r.step_ms:.3f}", f"{r.floor_ms:.3f}", f"{r.graph_ms['gemv']:.3f}", f"{r.tok_s:,.0f}"):
+            assert v in wide, v
+    assert "…" not in wide and "…" not in render(80)
