@@ -478,12 +478,16 @@ SK_CFG = os.environ.get("QWEN38_SK_CFG", "")
 # of gemv_q4. gate_up then stores gu and the swiglu kernel runs (gemv_q4's fused SwiGLU is not
 # there); sm_90a lanes only. Two partials in flight (PP 1), which ptxas serialized at four
 # consumer warpgroups in version 18's 16-row sweep, are the reason to try it (bench/NOTES.md).
+# QWEN38_SK8: the same for the 8-row tiles (B = 1 … 8): a producer warp streaming each block's
+# weights ahead of its consumers, the design version 15's stand-in found 0.6 ms in at B = 1.
 SK16 = os.environ.get("QWEN38_SK16", "")
+SK8 = os.environ.get("QWEN38_SK8", "")
 SK_KINDS = ("gate_up", "in", "lm_head", "long", "narrow")
 
 
 def _sk_items(knob: str, value: str) -> dict[str, tuple[int, int, int]]:
-    """A knob's kind=CW:XS:PP items (QWEN38_SK_CFG, QWEN38_SK16), checked: kind -> (CW, XS, PP)."""
+    """A knob's kind=CW:XS:PP items (QWEN38_SK_CFG, QWEN38_SK16, QWEN38_SK8), checked: kind ->
+    (CW, XS, PP)."""
     out = {}
     for item in filter(None, (t.strip() for t in value.split(","))):
         k, _, v = item.partition("=")
@@ -503,25 +507,27 @@ def _sk_cfg_knob(kind: str) -> tuple[int, int, int] | None:
     return _sk_items("QWEN38_SK_CFG", SK_CFG).get(kind)
 
 
-def sk16_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
-    """QWEN38_SK16's (CW, XS, PP) for this weight at 16-row tiles, or None (other tiles, kinds
-    it does not name, or QWEN38_WGMMA_SK=0)."""
-    if btg != 16 or WGMMA_SK == "0":
+def sk_small_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
+    """QWEN38_SK16's (CW, XS, PP) for this weight at 16-row tiles, QWEN38_SK8's at 8-row tiles,
+    or None (other tiles, kinds the knob does not name, or QWEN38_WGMMA_SK=0)."""
+    knob = {16: ("QWEN38_SK16", SK16), 8: ("QWEN38_SK8", SK8)}.get(btg)
+    if knob is None or WGMMA_SK == "0":
         return None
-    return _sk_items("QWEN38_SK16", SK16).get(_shape_kind(rows, k))
+    return _sk_items(*knob).get(_shape_kind(rows, k))
 
 
 def sk_launch(rows: int, k: int, btg: int) -> tuple[int, int, int] | None:
     """(CW, XS, PP) of wgmma_sk_q4 for this weight at batch tile btg, or None. Its input must be
     in tile order: the caller asks only where wgmma_launch(..., xt=True) says XT = 1, as it does
-    for every shape the table serves (or, at 16 rows, where QWEN38_SK16 names the kind)."""
+    for every shape the table serves (or, at 16 and 8 rows, where QWEN38_SK16 / QWEN38_SK8 names
+    the kind)."""
     if WGMMA_SK not in ("0", "1", "all"):
         raise UserError(f"QWEN38_WGMMA_SK={WGMMA_SK!r}: use 1 (the default: wgmma_sk_q4 where "
                         "measured faster), 0 (never) or all (every tile-order launch), or leave it "
                         "unset")
-    sk16 = sk16_launch(rows, k, btg)
-    if sk16:
-        return sk16
+    small = sk_small_launch(rows, k, btg)
+    if small:
+        return small
     if WGMMA_SK == "all":
         return _sk_cfg_knob(_shape_kind(rows, k)) or (2, 4, 0)
     if WGMMA_SK == "0":
@@ -1108,8 +1114,8 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         input in (wgmma_q4 with XT = 1), or 0 for rows; its producer writes exactly that."""
         w = plan.weights[wname]
         wl = wgmma_launch(w["rows"], w["k"], btg, R, xt=True) if wgmma else None
-        sk16 = wgmma and sk16_launch(w["rows"], w["k"], btg)
-        return btg // 8 if (wl and wl[5]) or sk16 else 0
+        small = wgmma and sk_small_launch(w["rows"], w["k"], btg)
+        return btg // 8 if (wl and wl[5]) or small else 0
 
     def tensor_launch(wname: str, R: int, xt: bool = False):
         """(wgmma_q4 config, gemm_q4 config) of this weight over R rows, at most one of them set;

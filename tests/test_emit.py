@@ -411,7 +411,8 @@ def test_sk_config_knob(monkeypatch):
 
 
 def test_sk16_knob(monkeypatch):
-    """QWEN38_SK16 (A/B runs, version 22) puts the 16-row tiles of the kinds it names on
+    """QWEN38_SK16 and QWEN38_SK8 (A/B runs, version 22) put the 16- and 8-row tiles of the kinds
+    they name on
     wgmma_sk_q4: their norms write the tile order, gate_up stores gu for the swiglu kernel (no
     fused SwiGLU), other tiles and the sm_90 lanes are untouched, QWEN38_WGMMA_SK=0 turns it off,
     and a malformed item is a UserError naming the knob."""
@@ -439,6 +440,18 @@ def test_sk16_knob(monkeypatch):
         monkeypatch.setattr(ops, "SK16", bad)
         with pytest.raises(UserError, match=f"QWEN38_SK16={bad!r}: .* is not kind=CW:XS:PP"):
             kinds(16)
+    # QWEN38_SK8: the same at 8-row tiles (B = 1 ... 8), and only there
+    monkeypatch.setattr(ops, "SK16", "")
+    base1 = kinds(1)
+    monkeypatch.setattr(ops, "SK8", "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1")
+    for b in (1, 8):
+        k8 = kinds(b)
+        assert k8["q38_gemv_k5120_sk3_n1_s8_e0_x6_p1_t1"] == 129 and k8["q38_rmsnorm_h5120_t1"] == 129
+    assert sum(kinds(1).values()) == sum(base1.values()) + 64   # the swiglu kernel, as at 16
+    assert kinds(16) == base16
+    monkeypatch.setattr(ops, "SK8", "lm_head=3:6")
+    with pytest.raises(UserError, match="QWEN38_SK8='lm_head=3:6': .* is not kind=CW:XS:PP"):
+        kinds(1)
 
 
 @pytest.mark.parametrize("model,batch,mtp,arch", [

@@ -103,17 +103,21 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     assert errs["conv"] > 1e-3 and errs["v"] > 1e-6, errs
 
 
-@pytest.mark.parametrize("B", [16, 9])
+@pytest.mark.parametrize("B", [16, 9, 1, 3])
 def test_schedule_with_sk16_matches_reference(setup, monkeypatch, B):
-    """QWEN38_SK16 (version 22) over every shape kind: at 16-row tiles each GEMV is a
-    wgmma_sk_q4 launch (store, residual add, and SwiGLU into the down projection's tile order)
-    reading its input in the tile order the norm writes; a partial tile at B = 9."""
+    """QWEN38_SK16 / QWEN38_SK8 (version 22) over every shape kind: at 16- and 8-row tiles each
+    GEMV is a wgmma_sk_q4 launch (store, residual add, and SwiGLU into the down projection's
+    tile order) reading its input in the tile order the norm writes; partial tiles at B = 9, 3
+    and one row."""
     from qwen38gen import ops
 
     cfg, t, ref = setup
-    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1")
+    every = "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1"
+    monkeypatch.setattr(ops, "SK16", every)
+    monkeypatch.setattr(ops, "SK8", every)
     man = emit_program(cfg, Lanes.make(B, pt=4)).manifest
+    nt = 2 if B > 8 else 1
     gemvs = [L for L in man["schedule"]["decode"] if L["k"].startswith("q38_gemv")]
-    assert gemvs and all("_sk3_n2_" in L["k"] and "_p1_t1" in L["k"] for L in gemvs)
+    assert gemvs and all(f"_sk3_n{nt}_" in L["k"] and "_p1_t1" in L["k"] for L in gemvs)
     assert {re.search(r"_e(\d)_", L["k"]).group(1) for L in gemvs} == {"0", "1", "2"}
     _check_against_reference(cfg, t, ref, man, B, 4, None)
