@@ -9,8 +9,9 @@
 #   device: bash bench/ab/v22-device.sh locks-store  (only if the gemv_store patch is to land)
 #
 # speed:  the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64, the
-#         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-row
-#         GEMVs on wgmma_sk_q4 (QWEN38_SK16) at B = 16 (scripts/ab_step.py). ~8 min.
+#         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-
+#         and 8-row GEMVs on wgmma_sk_q4 (QWEN38_SK16 at B = 16, QWEN38_SK8 at B = 1)
+#         (scripts/ab_step.py). ~9 min.
 # sweeps: the B = 1 weight stream's stand-ins with the persistent warp-specialized variant
 #         (scripts/stream_bench.py, wsp), and an ncu of the one-row gdn.in; in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and
 #         sk16 (16 to 32 rows, with CW 3 and CW 4 at PP 1 that ptxas no longer serializes), then
@@ -36,6 +37,7 @@ prep)
   $PY scripts/ab_step.py prep bench/ab/v22-gemv-store.txt --batch 1,16 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-pp1-24-32.txt --batch 24,32 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-sk16.txt --batch 16 || exit 1
+  $PY scripts/ab_step.py prep bench/ab/v22-sk8.txt --batch 1 || exit 1
   # the SK16 lock: check on the tiny model with every 16-row GEMV on wgmma_sk_q4
   QWEN38_SK16=$SK16_ALL QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9 || exit 1
   (cd .ab/rows-cw3 && QWEN38_SK16=$SK16_ROWS QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9) || exit 1
@@ -53,18 +55,24 @@ speed | sweeps | locks-sk | locks-store) ;;
 esac
 
 OUT=${OUT:-/tmp/qwen38-out}
+VERB=$1
 W=/tmp/v22 && rm -rf $W && mkdir -p $W
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$ROOT
 declare -a S
+# After every step the tar and the summary are written again, so a call cut off by its time
+# limit still returns what it finished.
+pack() { printf '%s\n' "${S[@]}" > $W/summary.txt
+         tar czf "$OUT/v22-$VERB.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"; }
 step() { local name=$1; shift; echo "==== $name"; "$@" > "$W/$name.txt" 2>&1; local rc=$?
-         S+=("$(printf '%-22s rc=%s' "$name" "$rc")"); tail -n 40 "$W/$name.txt"; }
+         S+=("$(printf '%-22s rc=%s' "$name" "$rc")"); tail -n 40 "$W/$name.txt"; pack; }
 # device.sh from a tree: its own OUT folder, the checkout's wheels, none of its default checks
 dev() { local tree=$1 name=$2; shift 2
         (cd "$tree" && env WHEELS=$ROOT/.gpu OUT=$W/$name QWEN38_CACHE=$ROOT/$C TESTS=0 BASIC=0 CHECK_B= \
            MTP_CHECK_B= SANITIZE=0 "$@" bash scripts/device.sh) > "$W/$name.txt" 2>&1
-        S+=("$(printf '%-22s' "$name")" "$(sed -n '/==== summary ====/,$p' "$W/$name.txt" | tail -n +2)"); }
+        S+=("$(printf '%-22s' "$name")" "$(sed -n '/==== summary ====/,$p' "$W/$name.txt" | tail -n +2)")
+        pack; }
 
 if [ "$1" = speed ]; then
   step rate python3 scripts/wgmma_rate.py run $C/rate.cubin
@@ -72,6 +80,7 @@ if [ "$1" = speed ]; then
   dev . ab1-16 AB=bench/ab/v22-gemv-store.txt AB_B=1,16
   dev . ab24-32 AB=bench/ab/v22-pp1-24-32.txt AB_B=24,32
   dev . ab16-sk AB=bench/ab/v22-sk16.txt AB_B=16
+  dev . ab1-sk AB=bench/ab/v22-sk8.txt AB_B=1
 elif [ "$1" = sweeps ]; then
   step stream python3 scripts/stream_bench.py run $C/sb.cubin
   # where the one-row GEMV's warps stall today (gdn.in at the program's config; version 5's ncu
@@ -95,6 +104,5 @@ else
   dev .ab/store store-locks TESTS=1 JOBS=16 PYTEST_FILES=tests/gpu/test_gemv_q4.py \
     CHECK_B="1 16 64" MTP_CHECK_B=16 SANITIZE=1 SAN_B=3
 fi
-printf '%s\n' "${S[@]}" > $W/summary.txt
-tar czf "$OUT/v22-$1.tgz" -C /tmp v22 && cp $W/summary.txt "$OUT/summary.txt"
+pack
 echo "==== summary"; cat $W/summary.txt
