@@ -150,6 +150,36 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
                : "memory");
 }
+// The ring's mbarriers (full[R]: the producer's 32 lanes; empty[R]: the 8 consumer warps).
+__device__ __forceinline__ void ws_init(uint32_t bar_s, int R) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < R; ++i) {
+      q38::mbar_init(bar_s + 8 * i, 32);
+      q38::mbar_init(bar_s + 8 * (R + i), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+// The producer: the step of n16 words at `base` of m into stage st (its copies counted on full).
+__device__ __forceinline__ void ws_fill(uint32_t ring_s, uint32_t bar_s, int st, const uint4* m, long base,
+                                        long n16, int lane) {
+#pragma unroll
+  for (int c = 0; c < STEP_U4 / 32; ++c) {
+    const long i = base + c * 32 + lane;
+    cp16(ring_s + (uint32_t)(st * STEP_U4 + c * 32 + lane) * 16, m + (i < n16 ? i : 0), i < n16);
+  }
+  q38::mbar_arrive_cp(bar_s + 8 * st);
+}
+// A consumer: wait for the ring's step k, read thread t's words t and t + 256, release the stage.
+__device__ __forceinline__ uint32_t ws_take(const uint4* ring, uint32_t bar_s, long k, int R, int lane) {
+  const int st = (int)(k % R);
+  q38::mbar_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
+  const uint4 a = ring[st * STEP_U4 + threadIdx.x], b = ring[st * STEP_U4 + threadIdx.x + 256];
+  __syncwarp();
+  if (lane == 0) q38::mbar_arrive(bar_s + 8 * (R + st));
+  return fold(a) ^ fold(b);
+}
 }  // namespace sb
 
 template <int S, int C, int R>
@@ -162,14 +192,7 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
   const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
   const uint32_t bar_s = ring_s + R * sb::STEP_U4 * 16;  // full[R] then empty[R]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < R; ++i) {
-      q38::mbar_init(bar_s + 8 * i, 32);
-      q38::mbar_init(bar_s + 8 * (R + i), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  sb::ws_init(bar_s, R);
   uint32_t acc = 0;
   if (warp == 8) {  // the producer
     for (long k = 0; k < steps; ++k) {
@@ -177,25 +200,12 @@ __device__ __forceinline__ void sb_ws(const uint4* m, long n16, uint32_t never, 
       if (k == R) q38::pdl_wait();
       if (k >= R) q38::mbar_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
       const long u = blockIdx.x + (k / S) * gridDim.x;
-      const long base = (u * S + k % S) * sb::STEP_U4;
-#pragma unroll
-      for (int c = 0; c < sb::STEP_U4 / 32; ++c) {
-        const long i = base + c * 32 + lane;
-        sb::cp16(ring_s + (uint32_t)(st * sb::STEP_U4 + c * 32 + lane) * 16, m + (i < n16 ? i : 0), i < n16);
-      }
-      q38::mbar_arrive_cp(bar_s + 8 * st);
+      sb::ws_fill(ring_s, bar_s, st, m, (u * S + k % S) * sb::STEP_U4, n16, lane);
     }
     if (steps <= R) q38::pdl_wait();
   } else {  // the consumers: thread t uses uint4 t and t + 256 of every step
     q38::pdl_wait();
-    for (long k = 0; k < steps; ++k) {
-      const int st = (int)(k % R);
-      q38::mbar_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
-      const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
-      __syncwarp();
-      if (lane == 0) q38::mbar_arrive(bar_s + 8 * (R + st));
-      acc ^= sb::work<C>(sb::fold(a) ^ sb::fold(b));
-    }
+    for (long k = 0; k < steps; ++k) acc ^= sb::work<C>(sb::ws_take(ring, bar_s, k, R, lane));
   }
   if (acc == never) sink[blockIdx.x] = acc;
 }
@@ -227,14 +237,7 @@ __device__ __forceinline__ void sb_ws_persistent(const uint4* w, const long* off
   const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
   const uint32_t bar_s = ring_s + R * sb::STEP_U4 * 16;  // full[R] then empty[R]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < R; ++i) {
-      q38::mbar_init(bar_s + 8 * i, 32);
-      q38::mbar_init(bar_s + 8 * (R + i), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  sb::ws_init(bar_s, R);
   uint32_t acc = 0;
   long k = 0;  // the block's step count over all matrices: ring stage k % R, phase k / R
   for (int j = 0; j < nm; ++j) {
@@ -246,14 +249,7 @@ __device__ __forceinline__ void sb_ws_persistent(const uint4* w, const long* off
         const int st = (int)(k % R);
         if (k >= R) q38::mbar_wait(bar_s + 8 * (R + st), (uint32_t)((k / R - 1) & 1));
         const long u = blockIdx.x + (i / S) * gridDim.x;
-        const long base = (u * S + i % S) * sb::STEP_U4;
-#pragma unroll
-        for (int c = 0; c < sb::STEP_U4 / 32; ++c) {
-          const long e = base + c * 32 + lane;
-          sb::cp16(ring_s + (uint32_t)(st * sb::STEP_U4 + c * 32 + lane) * 16, m + (e < n16[j] ? e : 0),
-                   e < n16[j]);
-        }
-        q38::mbar_arrive_cp(bar_s + 8 * st);
+        sb::ws_fill(ring_s, bar_s, st, m, (u * S + i % S) * sb::STEP_U4, n16[j], lane);
       }
     } else {  // the consumers: the grid barrier (named barrier 1 among the 256), then the steps
       if (j > 0) {
@@ -267,14 +263,7 @@ __device__ __forceinline__ void sb_ws_persistent(const uint4* w, const long* off
         }
         asm volatile("bar.sync 1, 256;" ::: "memory");
       }
-      for (long i = 0; i < mine * S; ++i, ++k) {
-        const int st = (int)(k % R);
-        q38::mbar_wait(bar_s + 8 * st, (uint32_t)((k / R) & 1));
-        const uint4 a = ring[st * sb::STEP_U4 + threadIdx.x], b = ring[st * sb::STEP_U4 + threadIdx.x + 256];
-        __syncwarp();
-        if (lane == 0) q38::mbar_arrive(bar_s + 8 * (R + st));
-        acc ^= sb::work<C>(sb::fold(a) ^ sb::fold(b));
-      }
+      for (long i = 0; i < mine * S; ++i, ++k) acc ^= sb::work<C>(sb::ws_take(ring, bar_s, k, R, lane));
     }
   }
   if (acc == never) sink[blockIdx.x] = acc;
