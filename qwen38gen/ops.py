@@ -293,6 +293,9 @@ def wgmma_config(rows: int, k: int, btg: int) -> tuple[int, int, int, int] | Non
     return WGMMA_TABLE.get((btg, _shape_kind(rows, k)))
 
 
+SHAPE_KINDS = ("lm_head", "gate_up", "in", "long", "narrow")   # what _shape_kind returns
+
+
 def _shape_kind(rows: int, k: int) -> str:
     """The sweep's shape classes (the 27B's weights): the lm_head; the gate_up projection; the
     in projections; few rows over a long K (the down projection); the rest (the out projection)."""
@@ -387,7 +390,7 @@ WGMMA_ZS = os.environ.get("QWEN38_WGMMA_ZS", "")
 
 def _wgmma_zs_knob(kind: str, ks: int) -> int:
     """QWEN38_WGMMA_ZS's split for this shape kind (0: not set), checked against KS."""
-    kinds = ("lm_head", "gate_up", "in", "long", "narrow")
+    kinds = SHAPE_KINDS
     want = f"use kind=ZS pairs separated by commas, kind one of {', '.join(kinds)}, ZS 1, 2, 4 or 8"
     out = {}
     for item in filter(None, (t.strip() for t in WGMMA_ZS.split(","))):
@@ -482,7 +485,6 @@ SK_CFG = os.environ.get("QWEN38_SK_CFG", "")
 # weights ahead of its consumers, the design version 15's stand-in found 0.6 ms in at B = 1.
 SK16 = os.environ.get("QWEN38_SK16", "")
 SK8 = os.environ.get("QWEN38_SK8", "")
-SK_KINDS = ("gate_up", "in", "lm_head", "long", "narrow")
 
 
 def _sk_items(knob: str, value: str) -> dict[str, tuple[int, int, int]]:
@@ -492,7 +494,7 @@ def _sk_items(knob: str, value: str) -> dict[str, tuple[int, int, int]]:
     for item in filter(None, (t.strip() for t in value.split(","))):
         k, _, v = item.partition("=")
         parts = v.split(":")
-        ok = (k.strip() in SK_KINDS and len(parts) == 3 and all(x.strip().isdigit() for x in parts))
+        ok = (k.strip() in SHAPE_KINDS and len(parts) == 3 and all(x.strip().isdigit() for x in parts))
         cw, xs, pp = (int(x) for x in parts) if ok else (0, 0, 0)
         if not (ok and 1 <= cw <= 4 and 2 <= xs <= 16 and pp in (0, 1)):
             raise UserError(f"{knob}={value!r}: {item!r} is not kind=CW:XS:PP; use items "
@@ -1194,12 +1196,13 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         w = plan.weights[gu]
         n_out, k = w["rows"], w["k"]
         (_, up_off, _) = w["parts"][1]
+        # a fused launch's arguments: act = SwiGLU(W_gate_up h), F features
+        args = [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
+                buf("act"), ["i32", F], ["i32", F], ["i32", R]]
         sk = sk_launch(n_out, k, btg) if wgmma and tiled_input(gu, R) else None
         if SWIGLU_FUSE and sk and tiled_input(down, R) == btg // 8:
             # wgmma_sk_q4 with EPI_SWIGLU: act in the down GEMV's tile order (version 19)
             assert up_off % 16 == 0 and n_out == 2 * up_off and up_off == F, w
-            args = [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
-                    buf("act"), ["i32", F], ["i32", F], ["i32", R]]
             return [norm_to_h(wnorm, R, btg // 8), sk_gemv(gu, sk, EPI_SWIGLU, args),
                     gemv(down, "act", "x", H, R, 1, xt=True)]
         if not (SWIGLU_FUSE and swiglu_fuses(btg, R) and tensor_launch(gu, R) == (None, None)
@@ -1210,9 +1213,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
         st, xs, a = gemv_swiglu_config(tile)
         e = plan.entry(gemv_entry(k, tile, EPI_SWIGLU, 2, st, xs, a, ms=up_off // 16))
         return [norm_to_h(wnorm, R),
-                {"k": e.name, "grid": [up_off // 16, cdiv(R, tile), 1],
-                 "args": [["w", gu, "qweight"], ["w", gu, "scales"], buf("h"), ["i32", k],
-                          buf("act"), ["i32", F], ["i32", F], ["i32", R]]},
+                {"k": e.name, "grid": [up_off // 16, cdiv(R, tile), 1], "args": args},
                 gemv(down, "act", "x", H, R, 1)]
 
     def swiglu_down(wname: str, R: int) -> list[dict]:
