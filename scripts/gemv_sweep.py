@@ -42,7 +42,7 @@ SWEEP = {
     8: (64, [("w", 4, 1, 3, 8, 1, 1), ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 3, 8, 3, 1),
              ("w", 2, 1, 2, 8, 2, 1), ("w", 1, 1, 2, 4, 3, 1)]),
 }
-# Earlier sweeps (bench/2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, and for wgmma_q4
+# Earlier sweeps (in dd8da46:bench/: 2026-12-02-h200-v3-gemm-sweep*.txt, -gemv-sweep.txt, wgmma_q4's
 # -v4-wgmma-sweep-*.txt) covered NT = 1, 2, 4 (at 64 rows) and 8 with the configs listed there;
 # version 6 swept 1 and 16 rows (activations staged with the weights, -v6-gemv-sweep-xs.txt).
 # Version 7 swept wgmma_q4 with XT = 1 (the activations in tile order) at 8 to 64 rows
@@ -52,7 +52,7 @@ SWEEP = {
 # ring stages (-v8-gemv-sweep-mb.txt: XS = 2, MB = 3 took gate_up and the lm_head), then the same
 # at 16 and 32 rows and split-K at 64 (the table above, -v8-gemv-sweep-mb2.txt). The experiments
 # of versions 5 and 6 (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4,
-# gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4; bench/NOTES.md) added configs of
+# gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4; docs/PERFORMANCE.md) added configs of
 # code that is gone. Version 9: the ablations below (-v9-gemv-ablate.txt; gemv_q4's bit 4, no
 # mma, measured faster than the weights can stream, so the compiler dropped more than the mma:
 # left out since) and CL, CTAs of a cluster sharing each activation tile by multicast (commit

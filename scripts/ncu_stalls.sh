@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine after scripts/device.sh installed PyCUDA: the warp stall reasons (average
 # warps stalled per issued instruction) and the L1/L2 traffic of the gemv_sweep PROFILE launches
-# (or of `NCU_SCRIPT profile CUBIN NCU_ARGS`, e.g. NCU_SCRIPT=scripts/gdn_bench.py NCU_ARGS=64;
+# (or of `NCU_SCRIPT profile CUBIN NCU_ARGS`, e.g. NCU_SCRIPT=scripts/attn_sweep.py with ATTN_ONLY;
 # NCU_FILTER: more ncu options, e.g. "-k regex:tc_nw2 --launch-skip 3 --launch-count 1").
 #   bash scripts/ncu_stalls.sh SWEEP.cubin > stalls.txt
 #   bash scripts/ncu_stalls.sh SWEEP.cubin DIR    # also: per-SASS-line stall samples in DIR

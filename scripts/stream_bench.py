@@ -19,7 +19,7 @@ layer, then the lm_head; int4 words and bf16 scales together), read
 each unit (block) reading what a gemv_q4 block of the B = 1 step reads (kernels in
 scripts/stream_bench.cuh). Blocks per SM are set by padding shared memory (SB_BLOCKS, 4 as
 gemv_q4 at one row). Prints ms and TB/s of each next to the copy bandwidth of the same run.
-It answers one design question (bench/NOTES.md, version 15): how much of the step's GEMV loss
+It answers one design question (docs/PERFORMANCE.md, version 15): how much of the step's GEMV loss
 is the launch boundaries themselves, and how much would a persistent step kernel's barriers
 cost. Not a speed figure of the program: those come from `qwen38gen bench`.
 

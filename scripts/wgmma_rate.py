@@ -3,7 +3,7 @@
 weights as A) or from shared memory (the activations as A, the dequantized weights as B), in
 wgmma_q4's per-group structure (8 k-steps into a partial from zero, wait, scale into acc) or as
 one accumulating chain (no per-group scale), with and without wgmma_q4's unpacking of the code
-words. It answers one design question (bench/NOTES.md, version 16): whether the 64-row GEMV's
+words. It answers one design question (docs/PERFORMANCE.md, version 16): whether the 64-row GEMV's
 compute is bound by the m64n64k16 instruction shape, by its per-group drain or by the
 unpacking; and the same for the narrow shapes (N = 8 … 32) of the 8- to 32-row tiles
 (version 22: is the 16-row wgmma_sk_q4 bound by the rate of m64n16k16?). Not a speed figure of the program: those come from `qwen38gen bench`.

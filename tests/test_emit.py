@@ -184,7 +184,7 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
 def test_one_wave_gemvs_stage_activations(batch, staged):
     """gemv_config's version-6 rule in the 27B program: at btg <= 8 the weights whose row blocks
     fit the GPU in one wave (down, out: 320 row tiles) stage their activations with the weights
-    (XS = 1, bench/NOTES.md version 6); the wider ones (in projections, gate_up) and every weight
+    (XS = 1, docs/PERFORMANCE.md, version 6); the wider ones (in projections, gate_up) and every weight
     at btg 16 keep XS = 0."""
     from qwen38gen import ops
 

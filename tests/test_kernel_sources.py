@@ -5,7 +5,7 @@ from pathlib import Path
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
 # An __ldg (ld.global.nc, an invariant load to the compiler) may be hoisted above
-# griddepcontrol.wait (bench/NOTES.md, version 4), so it reads only data no kernel of the step
+# griddepcontrol.wait (docs/PERFORMANCE.md, version 4), so it reads only data no kernel of the step
 # writes: these loads, of weights. Activations go through q38::ld_after_wait16 or q38::ldg16.
 LDG_ALLOWED = {
     ("elementwise.cuh", "dst[i] = __ldg(src + i)"),  # the embedding table
