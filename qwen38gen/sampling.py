@@ -21,7 +21,7 @@ position n of the token being chosen (the number of tokens before it: prompt + g
 4. Candidates K: x_i ≥ τ_k, where τ_k is the top_k-th largest value of x counted with
    multiplicity (1 ≤ top_k < V; otherwise τ_k = −inf: every token; ties at τ_k all stay, as in
    vLLM), and e_i ≥ float32(min_p) (min_p: p_i ≥ min_p · p_max).
-5. Nucleus (top_p < 1): W = Σ_{i∈K} w_i (exact integer); q24 = max(1, round(top_p · 2^24));
+5. Nucleus, when q24 = max(1, round(top_p · 2^24)) < 2^24: W = Σ_{i∈K} w_i (exact integer);
    P = ceil(q24 · W / 2^24). Token i ∈ K stays when the weight of the candidates with strictly
    larger logits is below P: Σ_{j∈K, x_j > x_i} w_j < P. (The smallest set of the largest logits
    with mass ≥ top_p, ties at its edge kept; the maximum always stays.) S is what stays.
@@ -139,7 +139,7 @@ def exp2q(t: np.ndarray) -> np.ndarray:
     for c in EXP2_COEFFS[-2::-1]:
         q = (q * f).astype(np.float32)
         q = (q + c).astype(np.float32)
-    e = (q * np.exp2(k).astype(np.float32)).astype(np.float32)   # 2^k exact: k in [−32, 0]
+    e = np.ldexp(q, k.astype(np.int32)).astype(np.float32)      # exact: k in [−32, 0]
     return np.where(live, e, np.float32(0))
 
 
@@ -162,7 +162,7 @@ def survivors(x: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]
     if 1 <= p.top_k < V:
         tau = np.partition(x, V - p.top_k)[V - p.top_k]
         keep &= x >= tau
-    if p.top_p < 1:
+    if p.top_p_q24 < 1 << TOP_P_BITS:
         W = int(w[keep].sum(dtype=np.uint64))
         P = -(-(p.top_p_q24 * W) // (1 << TOP_P_BITS))
         xs_idx = np.flatnonzero(keep)
@@ -192,3 +192,16 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], positions: lis
     """``sample`` per row: logits [R, V], one parameter set and position per row -> int32 [R]."""
     return np.array([sample(logits[r], params[r], positions[r]) for r in range(len(params))],
                     np.int32)
+
+
+def pack_params(params: list[SamplingParams], positions: list[int]):
+    """The kernel's per-row arguments (kernels/sampling.cuh): fpar float32 [R, 2] (temperature,
+    min_p), upar uint32 [R, 4] (top_k, top_p_q24, seed low word, seed high word), ctr int32 [R]."""
+    R = len(params)
+    fpar = np.zeros((R, 2), np.float32)
+    upar = np.zeros((R, 4), np.uint32)
+    for i, p in enumerate(params):
+        s = int(p.seed) % (1 << 64)
+        fpar[i] = (p.temperature, p.min_p)
+        upar[i] = (p.top_k & M32, min(p.top_p_q24, 1 << TOP_P_BITS), s & M32, s >> 32)
+    return fpar, upar, np.asarray(positions, np.int64).astype(np.uint32).view(np.int32)
