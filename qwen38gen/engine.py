@@ -141,6 +141,17 @@ def lockstep_steps(results: list[Result], slots: int, chunk: int) -> int:
     return n
 
 
+def check_request(req: Request, ctx: int, vocab: int) -> None:
+    """A request a backend of ``ctx`` positions and ``vocab`` tokens can run, or UserError."""
+    if len(req.prompt) > ctx:
+        raise UserError(f"request {req.id!r}: the prompt has {len(req.prompt)} tokens, more "
+                        f"than the context of {ctx}; pass a larger --ctx")
+    bad = [t for t in req.prompt if not 0 <= t < vocab]
+    if bad:
+        raise UserError(f"request {req.id!r}: token id {bad[0]} is outside the vocabulary "
+                        f"0..{vocab - 1}")
+
+
 class Scheduler:
     """Waiting queue, B slots, and the choice of the next step (see the module docstring)."""
 
@@ -186,13 +197,7 @@ class Engine:
         self.stats = Stats(slots=backend.slots, chunk=backend.chunk)
 
     def add(self, req: Request) -> None:
-        if len(req.prompt) > self.backend.ctx:
-            raise UserError(f"request {req.id!r}: the prompt has {len(req.prompt)} tokens, more "
-                            f"than the context of {self.backend.ctx}; pass a larger --ctx")
-        bad = [t for t in req.prompt if not 0 <= t < self.backend.vocab]
-        if bad:
-            raise UserError(f"request {req.id!r}: token id {bad[0]} is outside the vocabulary "
-                            f"0..{self.backend.vocab - 1}")
+        check_request(req, self.backend.ctx, self.backend.vocab)
         self.sched.add(req)
         self.stats.requests += 1
 
