@@ -355,7 +355,7 @@ def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, out
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.fields[toks]} tokens"), console=err,
-                          transient=True) as prog:
+                          transient=True, disable=not err.is_terminal) as prog:
                 task = prog.add_task(f"run ({backend})", total=len(reqs), toks=0)
 
                 def done(res):

@@ -94,8 +94,9 @@ def gpu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
     """The emitted program (built and gated, cached) on the GPU; closed on exit."""
     from .backends import RuntimeBackend
     from .check import build
-    from .runtime import Runtime
+    from .runtime import Runtime, _drv
 
+    _drv()   # no GPU: say so before the build
     cubin, manifest = build(cfg, lanes)
     with Runtime(cubin, manifest, cfg, tensors, ctx) as rt:
         yield RuntimeBackend(rt)

@@ -1,0 +1,52 @@
+"""The engine's lock on the GPU (the verification issue runs it): N > B requests through B
+slots of the emitted tiny program (RuntimeBackend: slot resets, prefill chunks with idle slots,
+decode steps with idle slots) give every request the tokens it gets alone in the B = 1
+program, greedy and sampled, at B = 2 and 3 (N = 7 ≥ 2B + 1). Runtime makes its own context,
+as in test_trace.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen38gen.backends import RuntimeBackend
+from qwen38gen.check import build, default_tensors
+from qwen38gen.config import PRESETS
+from qwen38gen.engine import Engine
+from qwen38gen.lanes import Lanes
+from qwen38gen.requests import Request
+from qwen38gen.runtime import Runtime
+from qwen38gen.sampling import SamplingParams
+
+PT = 8
+LENGTHS = (1, 9, 3, 17, 8, 20, 2)
+MAX_TOKENS = (4, 1, 6, 3, 5, 2, 7)
+
+
+def requests(mode):
+    rng = np.random.default_rng(5)
+    out = []
+    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
+        sp = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.8, seed=100 + i)
+        out.append(Request(f"r{i}", tuple(int(t) for t in rng.integers(0, 1024, n)), m, sampling=sp))
+    return out
+
+
+def run(B, reqs):
+    cfg = PRESETS["tiny"]
+    cubin, man = build(cfg, Lanes.make(B, pt=PT))
+    with Runtime(cubin, man, cfg, default_tensors(cfg), 64) as rt:
+        eng = Engine(RuntimeBackend(rt))
+        return {r.id: r.token_ids for r in eng.run(reqs)}, eng.stats
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_engine_lock_on_the_gpu(mode):
+    reqs = requests(mode)
+    alone = {}
+    for r in reqs:
+        alone.update(run(1, [r])[0])
+    for B in (2, 3):
+        got, stats = run(B, reqs)
+        assert got == alone, B
+        assert stats.output_tokens == sum(MAX_TOKENS)
