@@ -1,8 +1,7 @@
 """The engine's lock on the GPU (the verification issue runs it): N > B requests through B
 slots of the emitted tiny program (RuntimeBackend: slot resets, prefill chunks with idle slots,
-decode steps with idle slots) give every request the tokens it gets alone in the B = 1
-program, greedy and sampled, at B = 2 and 3 (N = 7 ≥ 2B + 1). Runtime makes its own context,
-as in test_trace.py."""
+decode steps with idle slots) give every request the tokens it gets alone, greedy and sampled,
+at B = 2 and 3 (N = 7 ≥ 2B + 1). Runtime makes its own context, as in test_trace.py."""
 
 from __future__ import annotations
 
@@ -32,21 +31,21 @@ def requests(mode):
     return out
 
 
-def run(B, reqs):
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("B", [2, 3])
+def test_engine_lock_on_the_gpu(B, mode):
+    """Alone = the request by itself in the same B-slot program (the other slots idle), so the
+    comparison isolates the scheduling from kernel paths that differ between batch sizes."""
     cfg = PRESETS["tiny"]
+    reqs = requests(mode)
+    assert len(reqs) >= 2 * B + 1
     cubin, man = build(cfg, Lanes.make(B, pt=PT))
     with Runtime(cubin, man, cfg, default_tensors(cfg), 64) as rt:
+        alone = {}
+        for r in reqs:
+            (res,) = Engine(RuntimeBackend(rt)).run([r])
+            alone[r.id] = res.token_ids
         eng = Engine(RuntimeBackend(rt))
-        return {r.id: r.token_ids for r in eng.run(reqs)}, eng.stats
-
-
-@pytest.mark.parametrize("mode", ["greedy", "sampled"])
-def test_engine_lock_on_the_gpu(mode):
-    reqs = requests(mode)
-    alone = {}
-    for r in reqs:
-        alone.update(run(1, [r])[0])
-    for B in (2, 3):
-        got, stats = run(B, reqs)
-        assert got == alone, B
-        assert stats.output_tokens == sum(MAX_TOKENS)
+        got = {r.id: r.token_ids for r in eng.run(reqs)}
+    assert got == alone
+    assert eng.stats.output_tokens == sum(MAX_TOKENS)
