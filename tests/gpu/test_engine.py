@@ -1,7 +1,9 @@
 """The engine's lock on the GPU (the verification issue runs it): N > B requests through B
 slots of the emitted tiny program (RuntimeBackend: slot resets, prefill chunks with idle slots,
 decode steps with idle slots) give every request the tokens it gets alone, greedy and sampled,
-at B = 2 and 3 (N = 7 ≥ 2B + 1). Runtime makes its own context, as in test_trace.py."""
+at B = 2 and 3 (N = 7 ≥ 2B + 1), with the KV cache NaN-filled before the batched run (slot
+resets leave KV alone: what lies past a slot's position must never be read). Runtime makes its
+own context, as in test_trace.py."""
 
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def test_engine_lock_on_the_gpu(B, mode):
         for r in reqs:
             (res,) = Engine(RuntimeBackend(rt)).run([r])
             alone[r.id] = res.token_ids
+        for name in ("kc", "vc"):   # KV past a slot's position must never be read: NaN it
+            g, shape, _ = rt.bufs[name]
+            rt.drv.memset_d16(g, 0xFFFF, int(np.prod(shape)))
         eng = Engine(RuntimeBackend(rt))
         got = {r.id: r.token_ids for r in eng.run(reqs)}
     assert got == alone
