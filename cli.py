@@ -301,70 +301,78 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head):
     return Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head)
 
 
-def _read_prompts(path: Path, vocab: int) -> list[list[int]]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"prompts file {str(path)!r} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"prompts file {str(path)!r} is not valid JSON: {e}") from None
-    ok = (isinstance(data, list) and data and all(
-        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-        for p in data))
-    if not ok:
-        raise UserError(f"prompts file {str(path)!r} must be a JSON list of non-empty lists of "
-                        "token ids, e.g. [[1, 2, 3], [7]]")
-    for i, p in enumerate(data):
-        bad = [t for t in p if not 0 <= t < vocab]
-        if bad:
-            raise UserError(f"prompt {i}: token id {bad[0]} is outside the vocabulary 0..{vocab - 1}")
-    return data
-
-
 @cli.command()
 @click.option("--model", default="tiny", show_default=True, help="Preset, config.json or folder.")
 @click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
               help="Checkpoint folder (HF or `quantize` output); default: synthetic, seeded.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
-              help="JSON list of token-id lists, one per sequence.")
-@click.option("--steps", type=int, default=16, show_default=True, help="New tokens per sequence.")
-@click.option("--ctx", type=int, default=None, help="Max context (default: longest prompt + steps).")
+              help="JSON lines, one request each (docs/RUN_FORMAT.md).")
+@click.option("--backend", type=click.Choice(["gpu", "reference"]), default="gpu",
+              show_default=True, help="gpu: the emitted program (PyCUDA); reference: the numpy "
+                                      "reference on CPU, slowly, with the same scheduling.")
+@click.option("--ctx", type=int, default=None,
+              help="Positions per slot (default: the longest prompt + max_tokens - 1).")
+@click.option("--sampling-seed", type=int, default=0, show_default=True,
+              help="Seed from which a request without \"seed\" gets its own.")
+@click.option("--output", "output", type=click.Path(path_type=Path), default=None,
+              help="Write the output lines here (appears complete or not at all); default stdout.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
-              help="Write ids and per-step top-k logits here (docs/RUN_FORMAT.md).")
+              help="Write the run's figures here (throughput, steps, slot occupancy).")
 @_lanes_options
-def run(model, weights_dir, seed, prompts_file, steps, ctx, json_out, **lane_kw):
-    """Run the emitted program on the GPU: prefill the prompts, greedy-decode STEPS tokens."""
-    from qwen38gen.check import default_tensors, run_batches
+def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, output, json_out,
+        **lane_kw):
+    """Generate for every request of a JSON-lines file with continuous batching over B slots.
+
+    One JSON line per request as it finishes (stdout or --output), a progress bar and the
+    throughput on stderr."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from qwen38gen import serve as S
     from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
-    from qwen38gen.quantize import load_any, load_quantized
+    from qwen38gen.engine import Engine
+    from qwen38gen.requests import read_requests
 
     cfg = load_config(model)
     lanes = _make_lanes(**lane_kw)
-    prompts = _read_prompts(prompts_file, cfg.vocab_size)
-    if steps < 1:
-        raise UserError(f"--steps {steps} must be ≥ 1")
-    if weights_dir is None:
-        tensors = default_tensors(cfg, seed)
-    elif (Path(weights_dir) / "quantization.json").exists():
-        tensors = load_quantized(weights_dir, cfg)
+    tok = S.load_tokenizer(model, weights_dir)
+    reqs = read_requests(prompts_file, cfg.vocab_size, sampling_seed, tok)
+    ctx = S.default_ctx(reqs) if ctx is None else ctx
+    S.check_requests(reqs, cfg, ctx, lanes.mtp)
+    tensors = S.float_tensors(cfg, weights_dir, seed)
+    if backend == "reference":
+        from contextlib import nullcontext
+
+        be_ctx = nullcontext(S.reference_backend(cfg, tensors, lanes.batch, lanes.pt, ctx))
     else:
-        tensors = load_any(weights_dir, cfg)
-    tmax = ctx or (max(map(len, prompts)) + steps)
-    seqs, _ = run_batches(cfg, lanes, tensors, prompts, steps, tmax)
-    doc = {"format": "qwen38gen-run", "version": 1, "model": cfg.name, "config_hash": cfg.hash,
-           "lane": lanes.name, "steps": steps,
-           "sequences": [{"prompt": p, "tokens": s["tokens"], "topk": s["topk"]}
-                         for p, s in zip(prompts, seqs)]}
+        be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
+    with be_ctx as be:
+        eng = Engine(be, S.eos_ids(cfg, tok))
+        sink = S.LineSink(output, sys.stdout)
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[toks]} tokens"), console=err,
+                          transient=True, disable=not err.is_terminal) as prog:
+                task = prog.add_task(f"run ({backend})", total=len(reqs), toks=0)
+
+                def done(res):
+                    sink.write(S.record(res, tok))
+                    prog.update(task, advance=1, toks=eng.stats.output_tokens)
+
+                t0 = time.perf_counter()
+                eng.run(reqs, on_finish=done)   # checks every request before the first step
+                seconds = time.perf_counter() - t0
+        except BaseException:
+            sink.discard()
+            raise
+        sink.commit()
+    d = S.summary(eng.stats, seconds, cfg, backend, lanes.name)
+    err.print(S.summary_line(d), markup=False)
     if json_out:
-        atomic_write(Path(json_out), json.dumps(doc) + "\n")
-    t = Table(title=f"{cfg.name} {lanes.name}: {len(prompts)} sequences × {steps} tokens")
-    for c in ("seq", "prompt len", "generated (first 12)"):
-        t.add_column(c)
-    for i, (p, s) in enumerate(zip(prompts, seqs)):
-        t.add_row(str(i), str(len(p)), ",".join(map(str, s["tokens"][:12])))
-    out.print(t)
+        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
 
 
 @cli.command("golden")

@@ -370,6 +370,26 @@ class Runtime:
                 g, shape, dt = self.bufs[name]
                 self.drv.memset_d8_async(g, 0, int(np.prod(shape)) * dt.itemsize, self.stream)
 
+    def reset_slot(self, b: int):
+        """A fresh sequence in slot b alone (continuous batching, engine.py): zero its recurrent
+        state, conv ring and position. Its KV cache is left as it is: attention reads only the
+        positions below pos, which the new sequence writes before it reads them."""
+        if not 0 <= b < self.B:
+            raise ValueError(f"slot {b} is outside 0..{self.B - 1}")
+        for name, spec in self.manifest["buffers"].items():
+            if not (spec.get("state") or name == "pos") or name in ("kc", "vc"):
+                continue
+            g, shape, dt = self.bufs[name]
+            if name in ("pos", "slot"):                      # [B]
+                spans = [(b * dt.itemsize, dt.itemsize)]
+            elif name in ("conv", "rec"):                    # [layers, B, ...]
+                per = int(np.prod(shape[2:])) * dt.itemsize
+                spans = [((layer * self.B + b) * per, per) for layer in range(shape[0])]
+            else:
+                raise ValueError(f"reset_slot does not know the state buffer {name!r}")
+            for off, n in spans:
+                self.drv.memset_d8_async(int(g) + off, 0, n, self.stream)
+
     # ----------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[int]], steps: int, topk: bool = True,
                  forced: list[list[int]] | None = None) -> list[dict]:

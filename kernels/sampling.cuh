@@ -1,0 +1,317 @@
+// sampling.cuh: one token per row of logits, greedy or sampled, by the rule that
+// qwen38gen/sampling.py states and computes (the numpy twin is the spec; on bf16 logits the two
+// agree bit for bit: float32 steps rounded to nearest without FMA, then integer arithmetic).
+//
+//   sample_rows  tok[r] = sampling.sample(l[r], params of row r, ctr[r])
+//                l     bf16 [R, V]   logits (finite)
+//                fpar  fp32 [R, 2]   temperature, min_p
+//                upar  u32  [R, 4]   top_k as int32 (-1 or 0: off), top_p in units of 2^-24
+//                                    (SamplingParams.top_p_q24; 2^24: off), seed mod 2^32, seed >> 32
+//                ctr   int32 [R]     position of the token being chosen (the Philox counter)
+//                -> tok int32 [R]
+//                A greedy row (temperature < 1e-5) gets argmax l[r] with ties to the smaller
+//                index, as argmax_rows (elementwise.cuh) gives it.
+//
+// One block per row, no sorting: passes over the row (0.5 MB at V = 248320: it stays in L2).
+//   1  max and argmax; a greedy row stops here.
+//   2  top_k: tau_k by a radix select over bf16's order-preserving 16-bit keys (high byte, then
+//      low byte of the candidates in that bin; 256 shared counters).
+//   3  weights w = floor(e · 2^32) of the candidates summed per high byte (64-bit shared atomics:
+//      integers, so the order of the adds does not matter): W, and with top_p the same select
+//      over weight sums finds the nucleus edge (a 4th pass for the low byte).
+//   4  the draw, r = floor(U · W' / 2^64): each warp sums its contiguous slice of the row, and
+//      the warp whose slice holds r scans it 32 vectors at a time to the token.
+// Launch: SampleLaunch<V>: grid R, block 1024, static shared memory only. V % 8 == 0.
+//
+// Compiles alone:
+//   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/sampling.cuh -o /dev/null
+#pragma once
+#include "common.cuh"
+
+namespace q38 {
+
+template <int V>
+struct SampleLaunch {
+  static constexpr int threads = 1024;  // grid = R
+};
+
+// Philox4x32-10 (Salmon et al., SC 2011; Random123's round and key schedule).
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1) {
+#pragma unroll
+  for (int i = 0; i < 10; ++i) {
+    if (i) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+  }
+  return c;
+}
+
+// 2^t for t <= 0 by the twin's recipe (sampling.exp2q): Horner over c0..c7 = ln2^j / j!, each
+// product and sum rounded on its own (the _rn intrinsics keep nvcc from fusing them).
+__device__ __forceinline__ float exp2q(float t) {
+  if (!(t >= -32.f)) return 0.f;
+  const float k = floorf(t);
+  const float f = __fsub_rn(t, k);
+  float q = 0x1.ffcbfcp-17f;
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.430912p-13f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.5d87fep-10f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.3b2ab6p-7f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.c6b08ep-5f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.ebfbep-3f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1.62e43p-1f);
+  q = __fadd_rn(__fmul_rn(q, f), 0x1p+0f);
+  return __fmul_rn(q, __int_as_float((127 + (int)k) << 23));  // · 2^k, exact for k >= -32
+}
+
+// bf16 bits -> a key whose unsigned order is the values' order; -0 and +0 share one key.
+__device__ __forceinline__ uint32_t bf16_key(uint32_t b) {
+  b = b == 0x8000u ? 0u : b;
+  return b & 0x8000u ? (~b & 0xffffu) : (b | 0x8000u);
+}
+
+// The rule's per-token quantities for one row (sampling.weights, sampling.survivors).
+struct SampleRow {
+  float m, t, min_p;   // max logit, temperature, min_p
+  uint32_t kk, kp;     // keys of tau_k and of the nucleus edge (0: no bound)
+  // w if the token is still in (a candidate with key >= kp), else 0; key out.
+  __device__ __forceinline__ unsigned long long weight(uint32_t bits, uint32_t& key) const {
+    key = bf16_key(bits);
+    const float x = __uint_as_float(bits << 16);
+    const float d = __fdiv_rn(__fsub_rn(x, m), t);
+    const float e = exp2q(__fmul_rn(d, 0x1.715476p+0f));
+    if (!(e >= min_p) || key < kk || key < kp) return 0ull;
+    return __float2ull_rz(__fmul_rn(e, 4294967296.f));  // floor(e · 2^32), exact product
+  }
+};
+
+// 16-byte vector v of a row: the 8 bf16 bit patterns, element 0 first.
+__device__ __forceinline__ void bf16_bits8(const uint4& v, uint32_t (&b)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) { b[2 * i] = w[i] & 0xffffu; b[2 * i + 1] = w[i] >> 16; }
+}
+
+// Warp 0 over hist[256] (lane l sums bins 8l..8l+7): the largest bin b with
+// sum_{b' >= b} hist[b'] >= need, and that sum less hist[b] (what lies above b). Every caller
+// guarantees the total reaches need. Result in out[0] (bin) and out[1] (above).
+__device__ __forceinline__ void suffix_select(const unsigned long long* hist,
+                                              unsigned long long need,
+                                              unsigned long long* out) {
+  const int lane = threadIdx.x & 31;
+  unsigned long long s = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s += hist[8 * lane + j];
+  unsigned long long tail = s;  // sum over lanes >= lane
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long u = __shfl_down_sync(0xffffffffu, tail, o);
+    if (lane + o < 32) tail += u;
+  }
+  const unsigned mask = __ballot_sync(0xffffffffu, tail >= need);
+  const int L = mask ? 31 - __clz(mask) : 0;
+  if (lane == L) {
+    unsigned long long acc = tail - s;
+    int b = 8 * L + 7;
+    for (; b > 8 * L; --b) {
+      if (acc + hist[b] >= need) break;
+      acc += hist[b];
+    }
+    out[0] = (unsigned long long)b;
+    out[1] = acc;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
+                                            const float* __restrict__ fpar,
+                                            const uint32_t* __restrict__ upar,
+                                            const int* __restrict__ ctr, int* __restrict__ tok) {
+  constexpr int NT = SampleLaunch<V>::threads, NW = NT / 32, NV = V / 8;
+  constexpr int NVW = (NV + NW - 1) / NW;  // vectors per warp slice in the draw
+  static_assert(V % 8 == 0, "sample_rows: V must be a multiple of 8");
+  __shared__ unsigned long long hist[256];
+  __shared__ unsigned long long sel[2];
+  __shared__ unsigned long long wsum[NW];
+  __shared__ float sv[NW];
+  __shared__ int si[NW];
+  const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint4* row = reinterpret_cast<const uint4*>(logits + (size_t)r * V);
+
+  // 1. max and argmax: each thread walks its indices upward, strict > keeps the first maximum.
+  float bv = -INFINITY;
+  int bi = 0;
+  for (int v = threadIdx.x; v < NV; v += NT) {
+    uint32_t b[8];
+    bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = __uint_as_float(b[e] << 16);
+      if (x > bv) { bv = x; bi = 8 * v + e; }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+  __syncthreads();
+  bv = sv[0];
+  bi = si[0];
+  for (int w = 1; w < NW; ++w)
+    if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) { bv = sv[w]; bi = si[w]; }
+  SampleRow R{bv, fpar[2 * r], fpar[2 * r + 1], 0u, 0u};
+  if (!(R.t >= 1e-5f)) {
+    if (threadIdx.x == 0) tok[r] = bi;
+    return;
+  }
+  const int top_k = (int)upar[4 * r];
+  const uint32_t q24 = upar[4 * r + 1];
+
+  // 2. top_k: the key of the k-th largest logit, high byte then low byte.
+  if (top_k >= 1 && top_k < V) {
+    unsigned long long need = (unsigned long long)top_k;
+    for (int level = 0; level < 2; ++level) {
+      const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
+      for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
+      __syncthreads();
+      for (int v = threadIdx.x; v < NV; v += NT) {
+        uint32_t b[8];
+        bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t k = bf16_key(b[e]);
+          if (level == 0) atomicAdd(&hist[k >> 8], 1ull);
+          else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], 1ull);
+        }
+      }
+      __syncthreads();
+      if (warp == 0) suffix_select(hist, need, sel);
+      __syncthreads();
+      if (level == 0) need -= sel[1];
+      else R.kk = (hi << 8) | (uint32_t)sel[0];
+      __syncthreads();
+    }
+  }
+
+  // 3. candidate weights per high byte: W; with top_p the nucleus edge's key.
+  unsigned long long total = 0;  // W' (valid in every thread after the loop)
+  const bool nucleus = q24 < (1u << 24);
+  unsigned long long need = 0, above = 0;
+  for (int level = 0; level < (nucleus ? 2 : 1); ++level) {
+    const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
+    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
+    __syncthreads();
+    for (int v = threadIdx.x; v < NV; v += NT) {
+      uint32_t b[8];
+      bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        uint32_t k;
+        const unsigned long long w = R.weight(b[e], k);
+        if (w == 0ull) continue;
+        if (level == 0) atomicAdd(&hist[k >> 8], w);
+        else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], w);
+      }
+    }
+    __syncthreads();
+    if (level == 0) {
+      if (warp == 0) {
+        unsigned long long s = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += hist[8 * lane + j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) sel[1] = s;
+      }
+      __syncthreads();
+      total = sel[1];
+      if (!nucleus) break;
+      // P = ceil(q24 · W / 2^24), 128-bit: q24 · W < 2^74.
+      const unsigned long long lo = (unsigned long long)q24 * total;
+      unsigned long long hi2 = __umul64hi((unsigned long long)q24, total);
+      const unsigned long long lo2 = lo + ((1ull << 24) - 1);
+      hi2 += lo2 < lo;
+      need = (hi2 << 40) | (lo2 >> 24);
+      __syncthreads();
+    }
+    if (warp == 0) suffix_select(hist, need, sel);
+    __syncthreads();
+    if (level == 0) {
+      above = sel[1];
+      need -= above;
+    } else {
+      R.kp = (hi << 8) | (uint32_t)sel[0];
+      total = above + sel[1] + hist[sel[0]];  // weight of the keys >= kp: W'
+    }
+    __syncthreads();
+  }
+
+  // 4. the draw: r = floor(U · W' / 2^64); the first index whose running weight exceeds r.
+  const uint4 u = philox4x32_10(make_uint4((uint32_t)ctr[r], 0u, 0u, 0u), upar[4 * r + 2],
+                                upar[4 * r + 3]);
+  unsigned long long target = __umul64hi(((unsigned long long)u.y << 32) | u.x, total);
+  const int v0 = warp * NVW, v1 = min(v0 + NVW, NV);
+  unsigned long long s = 0;
+  for (int v = v0 + lane; v < v1; v += 32) {
+    uint32_t b[8], k;
+    bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += R.weight(b[e], k);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) wsum[warp] = s;
+  __syncthreads();
+  // The warp whose slice holds the target: the first whose running sum over warps exceeds it.
+  unsigned long long run = lane < NW ? wsum[lane] : 0ull;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, run, o);
+    if (lane >= o) run += t;
+  }
+  const unsigned hit = __ballot_sync(0xffffffffu, run > target);
+  const int tw = hit ? __ffs(hit) - 1 : NW - 1;
+  if (warp != tw) return;
+  target -= __shfl_sync(0xffffffffu, run, tw) - wsum[tw];
+  for (int base = v0; base < v1; base += 32) {
+    const int v = base + lane;
+    unsigned long long w8[8];
+    unsigned long long ws = 0;
+    if (v < v1) {
+      uint32_t b[8], k;
+      bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) { w8[e] = R.weight(b[e], k); ws += w8[e]; }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w8[e] = 0ull;
+    }
+    unsigned long long inc = ws;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long t = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += t;
+    }
+    const unsigned in = __ballot_sync(0xffffffffu, inc > target);
+    if (in) {
+      if (lane == __ffs(in) - 1) {
+        unsigned long long acc = inc - ws;
+        int pick = 7;
+        bool found = false;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {  // the first element whose running sum passes the target
+          acc += w8[e];
+          if (!found && acc > target) { pick = e; found = true; }
+        }
+        tok[r] = 8 * v + pick;
+      }
+      return;
+    }
+    target -= __shfl_sync(0xffffffffu, inc, 31);
+  }
+}
+
+}  // namespace q38

@@ -1,0 +1,99 @@
+"""Backends of the engine (engine.Backend): the numpy reference on CPU, and the emitted program
+through the PyCUDA runtime.
+
+``ReferenceBackend`` is exact per slot (the reference computes each sequence alone), so it is the
+CPU lock of the engine's scheduling. ``RuntimeBackend`` drives a ``runtime.Runtime``; it is
+written from the runtime's code and has not run on a GPU yet (the GPU verification issue runs
+it): prefill chunks and decode steps are the program's own phases with per-slot ``ntok`` (0 =
+the slot idles: no state is written and its position does not move), and a slot's reset zeroes
+its recurrent state, conv ring and position (``Runtime.reset_slot``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UserError
+from .reference import Reference
+
+
+class ReferenceBackend:
+    """B slots on ``reference.Reference`` (its State holds every slot)."""
+
+    def __init__(self, ref: Reference, slots: int, chunk: int, ctx: int):
+        if slots < 1 or chunk < 1 or ctx < 1:
+            raise UserError(f"slots {slots}, chunk {chunk} and ctx {ctx} must all be ≥ 1")
+        self.ref, self.slots, self.chunk, self.ctx = ref, slots, chunk, ctx
+        self.vocab = ref.cfg.vocab_size
+        self.state = ref.new_state(slots)
+
+    def reset_slot(self, slot: int) -> None:
+        st, fresh = self.state, self.ref.new_state(1)
+        st.pos[slot] = 0
+        for i in st.conv:
+            st.conv[i][slot] = fresh.conv[i][0]
+            st.rec[i][slot] = fresh.rec[i][0]
+        for i in st.k:
+            st.k[i][slot], st.v[i][slot] = fresh.k[i][0], fresh.v[i][0]
+        st.mtp_k[slot], st.mtp_v[slot] = fresh.mtp_k[0], fresh.mtp_v[0]
+
+    def _check(self, rows: list[list[int]]) -> None:
+        for b, r in enumerate(rows):
+            if self.state.pos[b] + len(r) > self.ctx:
+                raise ValueError(f"slot {b}: position {self.state.pos[b]} + {len(r)} tokens "
+                                 f"passes the context {self.ctx}")
+
+    def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
+        if any(len(c) > self.chunk for c in chunks):
+            raise ValueError(f"a prefill chunk holds at most {self.chunk} tokens per slot")
+        self._check(chunks)
+        logits, _ = self.ref.forward(self.state, [list(c) for c in chunks])
+        return [lg[-1] if len(c) else None for lg, c in zip(logits, chunks)]
+
+    def decode(self, tokens: list[int | None]) -> np.ndarray:
+        rows = [[] if t is None else [int(t)] for t in tokens]
+        self._check(rows)
+        logits, _ = self.ref.forward(self.state, rows)
+        out = np.zeros((self.slots, self.vocab), self.ref.dtype)
+        for b, lg in enumerate(logits):
+            if len(lg):
+                out[b] = lg[-1]
+        return out
+
+
+class RuntimeBackend:
+    """B slots of an emitted program on the GPU (``runtime.Runtime``). Unverified on a GPU."""
+
+    def __init__(self, rt):
+        if rt.mtp:
+            raise UserError("run's engine drives the plain decode program; a --mtp program "
+                            "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+        self.rt = rt
+        self.slots, self.chunk, self.ctx = rt.B, rt.pt, rt.tmax
+        self.vocab = rt.cfg.vocab_size
+        rt.reset()
+
+    def reset_slot(self, slot: int) -> None:
+        self.rt.reset_slot(slot)
+
+    def _logits(self) -> np.ndarray:
+        return self.rt.get("logits")[:self.slots].astype(np.float32)
+
+    def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
+        B, pt = self.slots, self.chunk
+        toks = np.zeros(B * pt, np.int32)
+        ntok = np.zeros(B, np.int32)
+        for b, c in enumerate(chunks):
+            toks[b * pt:b * pt + len(c)] = c
+            ntok[b] = len(c)
+        self.rt.put("tokens", toks)
+        self.rt.put("ntok", ntok)
+        self.rt.run_phase("prefill")
+        lg = self._logits()
+        return [lg[b] if len(c) else None for b, c in enumerate(chunks)]
+
+    def decode(self, tokens: list[int | None]) -> np.ndarray:
+        self.rt.put("tokens", np.array([0 if t is None else t for t in tokens], np.int32))
+        self.rt.put("ntok", np.array([0 if t is None else 1 for t in tokens], np.int32))
+        self.rt.run_phase("decode")
+        return self._logits()

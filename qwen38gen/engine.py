@@ -1,0 +1,261 @@
+"""Continuous batching over B recurrent-state slots: a scheduler, an engine, a backend protocol.
+
+Shape (after nano-vllm's engine: step = schedule → run → postprocess): requests wait in a
+queue; B slots hold running sequences. A step is either a **prefill chunk** or a **decode step**:
+
+* Admission: at the start of every step, each free slot takes the next waiting request (first
+  come, first served, lowest free slot first); the backend resets that slot (recurrent state,
+  conv ring and position to zero; the KV cache is left as it is: attention reads only positions
+  below the slot's position, so the old request's K/V past the new one's length is never read).
+* Prefill first: while any running sequence still has prompt tokens to feed, the step is a
+  prefill chunk. Each such sequence feeds its next ``chunk`` tokens (prompt tokens c·pt … of its
+  own prompt, so a prompt is cut the same way whatever the slot or the other requests); the
+  decoding sequences **wait** (0 tokens in that chunk: their state does not move). A sequence
+  whose prompt ends in the chunk chooses its first token from the logits of its last row.
+* Otherwise a decode step: every decoding sequence feeds its last token and chooses the next.
+
+The decoding sequences wait rather than ride along (1 token in the prefill chunk), because the
+program's prefill path (GEMMs over pt rows) and decode path (GEMVs) round differently: a request
+whose tokens went through either path depending on its neighbours would not give the tokens it
+gives alone. Waiting costs steps, which ``Stats`` counts (prefill chunks, decode steps, slot
+occupancy, and the steps the old lockstep batching would have taken for the same outputs).
+
+A sequence stops after a token of its stop ids or (unless ignore_eos) of the end-of-sequence ids
+("stop", the token kept), at max_tokens new tokens or when its slot's context is full
+("length"). Tokens are chosen by ``sampling.sample`` keyed by (seed, position), so a request's
+tokens do not depend on its slot, on B or on the other requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .errors import UserError
+from .requests import Request
+from .sampling import sample
+
+
+class Backend(Protocol):
+    """B slots of model state that the engine advances.
+
+    ``slots`` (B), ``chunk`` (prefill tokens per slot per chunk), ``vocab`` and ``ctx`` (positions
+    a slot holds: tokens fed at positions 0 … ctx−1).
+    """
+
+    slots: int
+    chunk: int
+    vocab: int
+    ctx: int
+
+    def reset_slot(self, slot: int) -> None:
+        """A fresh, empty sequence in ``slot``."""
+
+    def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
+        """Feed ``chunks[b]`` (0 … chunk tokens; empty: slot b idles) to each slot; return per slot
+        the float logits [vocab] of its last fed row, None for an idle slot."""
+
+    def decode(self, tokens: list[int | None]) -> np.ndarray:
+        """Feed one token to each slot with a token (None: idles); return logits [slots, vocab]
+        (rows of idle slots are unspecified)."""
+
+
+@dataclass
+class Sequence:
+    """A running request in a slot."""
+
+    req: Request
+    slot: int
+    fed: int = 0                                  # prompt tokens fed so far
+    out: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < len(self.req.prompt)
+
+    @property
+    def position(self) -> int:
+        """Position of the next token to choose (tokens before it: prompt + generated)."""
+        return len(self.req.prompt) + len(self.out)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished request."""
+
+    id: object
+    prompt: tuple[int, ...]
+    token_ids: list[int]
+    finish_reason: str
+    text: str | None = None
+
+
+@dataclass
+class Stats:
+    """What the run cost, in steps of the backend."""
+
+    slots: int = 0
+    chunk: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    busy_prefill: int = 0        # Σ over prefill chunks of the slots that fed tokens
+    busy_decode: int = 0         # Σ over decode steps of the slots that decoded
+    lockstep_steps: int = 0      # what B-at-a-time lockstep batches would take for these outputs
+    requests: int = 0
+    output_tokens: int = 0
+
+    @property
+    def steps(self) -> int:
+        return self.prefill_steps + self.decode_steps
+
+    @property
+    def occupancy(self) -> float:
+        """Mean share of the B slots at work per step (prefill chunks and decode steps)."""
+        return (self.busy_prefill + self.busy_decode) / max(1, self.steps * self.slots)
+
+    @property
+    def decode_occupancy(self) -> float:
+        return self.busy_decode / max(1, self.decode_steps * self.slots)
+
+    def as_dict(self) -> dict:
+        return {"slots": self.slots, "chunk": self.chunk, "requests": self.requests,
+                "output_tokens": self.output_tokens, "steps": self.steps,
+                "prefill_steps": self.prefill_steps, "decode_steps": self.decode_steps,
+                "occupancy": round(self.occupancy, 4),
+                "decode_occupancy": round(self.decode_occupancy, 4),
+                "lockstep_steps": self.lockstep_steps}
+
+
+def lockstep_steps(results: list[Result], slots: int, chunk: int) -> int:
+    """Steps of today's lockstep loop for the same outputs: batches of B requests in order, each
+    prefilling its longest prompt and decoding to its longest output."""
+    n = 0
+    for i in range(0, len(results), slots):
+        batch = results[i:i + slots]
+        n += max(-(-len(r.prompt) // chunk) for r in batch)
+        n += max(len(r.token_ids) for r in batch) - 1
+    return n
+
+
+def check_request(req: Request, ctx: int, vocab: int) -> None:
+    """A request a backend of ``ctx`` positions and ``vocab`` tokens can run, or UserError."""
+    if len(req.prompt) > ctx:
+        raise UserError(f"request {req.id!r}: the prompt has {len(req.prompt)} tokens, more "
+                        f"than the context of {ctx}; pass a larger --ctx")
+    bad = [t for t in req.prompt if not 0 <= t < vocab]
+    if bad:
+        raise UserError(f"request {req.id!r}: token id {bad[0]} is outside the vocabulary "
+                        f"0..{vocab - 1}")
+
+
+class Scheduler:
+    """Waiting queue, B slots, and the choice of the next step (see the module docstring)."""
+
+    def __init__(self, slots: int, chunk: int):
+        self.slots, self.chunk = slots, chunk
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Sequence] = {}
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def admit(self) -> list[Sequence]:
+        """Fill free slots from the waiting queue; the new sequences (their slots need a reset)."""
+        new = []
+        for b in range(self.slots):
+            if b not in self.running and self.waiting:
+                self.running[b] = Sequence(self.waiting.popleft(), b)
+                new.append(self.running[b])
+        return new
+
+    def schedule(self) -> tuple[str, dict[int, list[int]]] | None:
+        """("prefill", {slot: chunk tokens}) while a prompt is unfinished, else ("decode",
+        {slot: [last token]}); None when nothing runs."""
+        pre = {b: s for b, s in self.running.items() if s.prefilling}
+        if pre:
+            return "prefill", {b: list(s.req.prompt[s.fed:s.fed + self.chunk])
+                               for b, s in sorted(pre.items())}
+        if self.running:
+            return "decode", {b: [s.out[-1]] for b, s in sorted(self.running.items())}
+        return None
+
+    def finish(self, seq: Sequence) -> None:
+        del self.running[seq.slot]
+
+
+class Engine:
+    """Runs requests through a backend with continuous batching."""
+
+    def __init__(self, backend: Backend, eos_ids: tuple[int, ...] = ()):
+        self.backend = backend
+        self.eos = frozenset(eos_ids)
+        self.sched = Scheduler(backend.slots, backend.chunk)
+        self.stats = Stats(slots=backend.slots, chunk=backend.chunk)
+
+    def add(self, req: Request) -> None:
+        check_request(req, self.backend.ctx, self.backend.vocab)
+        self.sched.add(req)
+        self.stats.requests += 1
+
+    def _choose(self, seq: Sequence, logits: np.ndarray) -> None:
+        t = sample(logits, seq.req.sampling, seq.position)
+        seq.out.append(t)
+        self.stats.output_tokens += 1
+        if t in seq.req.stop_ids or (t in self.eos and not seq.req.ignore_eos):
+            seq.finish_reason = "stop"
+        elif len(seq.out) >= seq.req.max_tokens or seq.position > self.backend.ctx:
+            seq.finish_reason = "length"
+
+    def step(self) -> list[Result]:
+        """Admit, run one prefill chunk or decode step, choose tokens; the requests it finished."""
+        for seq in self.sched.admit():
+            self.backend.reset_slot(seq.slot)
+        plan = self.sched.schedule()
+        if plan is None:
+            return []
+        kind, feed = plan
+        B = self.backend.slots
+        running = self.sched.running
+        chose: list[tuple[Sequence, np.ndarray]] = []
+        if kind == "prefill":
+            rows = self.backend.prefill([feed.get(b, []) for b in range(B)])
+            self.stats.prefill_steps += 1
+            self.stats.busy_prefill += len(feed)
+            for b, toks in feed.items():
+                seq = running[b]
+                seq.fed += len(toks)
+                if not seq.prefilling:
+                    chose.append((seq, rows[b]))
+        else:
+            logits = self.backend.decode([feed[b][0] if b in feed else None for b in range(B)])
+            self.stats.decode_steps += 1
+            self.stats.busy_decode += len(feed)
+            chose = [(running[b], logits[b]) for b in feed]
+        done = []
+        for seq, row in chose:
+            self._choose(seq, row)
+            if seq.finish_reason:
+                self.sched.finish(seq)
+                done.append(Result(seq.req.id, seq.req.prompt, seq.out, seq.finish_reason))
+        return done
+
+    def run(self, requests: list[Request],
+            on_finish: Callable[[Result], None] | None = None) -> list[Result]:
+        """Every request to completion; results in the order they finished (on_finish as each
+        finishes). Stats are in ``self.stats``."""
+        for r in requests:
+            self.add(r)
+        results = []
+        while self.sched.waiting or self.sched.running:
+            for res in self.step():
+                results.append(res)
+                if on_finish is not None:
+                    on_finish(res)
+        by_id = {r.id: r for r in results}
+        self.stats.lockstep_steps = lockstep_steps([by_id[r.id] for r in requests],
+                                                   self.backend.slots, self.backend.chunk)
+        return results

@@ -1,0 +1,207 @@
+"""Token choice from one row of logits: greedy or sampled. This numpy twin is the spec;
+kernels/sampling.cuh computes the same rule on the GPU, bit for bit on bf16 logits.
+
+Parameters (vLLM's meanings): ``temperature`` ≥ 0, ``top_k`` (−1 or 0: off), ``top_p`` in
+(0, 1], ``min_p`` in [0, 1], ``seed`` (an integer, taken mod 2^64). ``SamplingParams`` validates
+them and raises ``UserError`` naming the field and its range.
+
+The rule, for a row x_0 … x_{V−1} of finite float32 logits, the request's seed s and the
+position n of the token being chosen (the number of tokens before it: prompt + generated):
+
+1. Greedy when float32(temperature) < float32(1e−5) (vLLM's epsilon; temperature 0 is greedy):
+   the token is argmax x, the smallest index among equal maxima (numpy.argmax, the program's
+   argmax kernel). top_k, top_p, min_p and the seed are then ignored.
+2. Scaled logits, in float32 with every operation rounded to nearest (no fused multiply-add):
+   m = max x;  d_i = (x_i − m) / T, T = float32(temperature)  (d_i ≤ 0, the maximum has d = 0).
+3. Relative probability e_i = exp2q(d_i · LOG2E) ≈ exp(d_i) = p_i / p_max, with exp2q(t) = 0 for
+   t < −32 (or t = −inf), else: k = floor(t), f = t − k (exact), q = Horner(EXP2_COEFFS, f)
+   (c7·f + c6, ·f + c5, …, ·f + c0, each product and sum rounded to float32), e = q · 2^k (exact).
+   exp2q(0) = 1 exactly. The integer weight is w_i = floor(e_i · 2^32) (so w_max = 2^32; a
+   token whose e_i < 2^−32 has weight 0 and is never chosen).
+4. Candidates K: x_i ≥ τ_k, where τ_k is the top_k-th largest value of x counted with
+   multiplicity (1 ≤ top_k < V; otherwise τ_k = −inf: every token; ties at τ_k all stay, as in
+   vLLM), and e_i ≥ float32(min_p) (min_p: p_i ≥ min_p · p_max).
+5. Nucleus, when q24 = max(1, round(top_p · 2^24)) < 2^24: W = Σ_{i∈K} w_i (exact integer);
+   P = ceil(q24 · W / 2^24). Token i ∈ K stays when the weight of the candidates with strictly
+   larger logits is below P: Σ_{j∈K, x_j > x_i} w_j < P. (The smallest set of the largest logits
+   with mass ≥ top_p, ties at its edge kept; the maximum always stays.) S is what stays.
+6. Draw: (a, b, …) = Philox4x32-10(counter = (n mod 2^32, 0, 0, 0), key = (s mod 2^32, s >> 32
+   mod 2^32)); U = a + 2^32 · b; W' = Σ_{i∈S} w_i; r = floor(U · W' / 2^64) (0 ≤ r < W'). The
+   token is the smallest index i whose running sum of weights over S in index order,
+   Σ_{j∈S, j ≤ i} w_j, exceeds r: inverse-CDF sampling in vocabulary order.
+
+Why this shape: every step after the float32 element-wise part is integer arithmetic, so any
+summation order gives the same result. A GPU block per row computes it without sorting:
+τ_k and the nucleus edge are value searches (radix selects over bf16's 16-bit keys, with counts
+and with integer weight sums), and the draw is a block scan. One 64-bit random number per
+token, keyed by (seed, position) only: a request's tokens do not depend on its slot, on the
+batch or on the other requests. (A Gumbel/exponential race would need a logarithm per token,
+whose last bit differs between libraries; the twin and the kernel would then disagree on
+rare rows.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UserError
+
+GREEDY_EPS = np.float32(1e-5)
+LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+# 2^f = Σ (f ln 2)^j / j! for j ≤ 7 on [0, 1) (relative error < 2e−6): c_j = ln2^j / j!, as
+# float32 (kernels/sampling.cuh holds the same hex literals; a test compares them).
+EXP2_COEFFS = tuple(np.float32(float.fromhex(h)) for h in (
+    "0x1p+0", "0x1.62e43p-1", "0x1.ebfbep-3", "0x1.c6b08ep-5",
+    "0x1.3b2ab6p-7", "0x1.5d87fep-10", "0x1.430912p-13", "0x1.ffcbfcp-17"))
+W_ONE = 1 << 32          # the weight of the maximum
+TOP_P_BITS = 24
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+M32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling parameters (vLLM's meanings); greedy by default."""
+
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        def num(name, v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise UserError(f"{name} must be a finite number, got {v!r}")
+            return float(v)
+
+        t = num("temperature", self.temperature)
+        if t < 0:
+            raise UserError(f"temperature {self.temperature!r} is out of range: it must be ≥ 0 "
+                            "(0 = greedy)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise UserError(f"top_k {self.top_k!r} is out of range: it must be an integer ≥ -1 "
+                            "(-1 or 0 = off)")
+        p = num("top_p", self.top_p)
+        if not 0 < p <= 1:
+            raise UserError(f"top_p {self.top_p!r} is out of range: it must be in (0, 1]")
+        mp = num("min_p", self.min_p)
+        if not 0 <= mp <= 1:
+            raise UserError(f"min_p {self.min_p!r} is out of range: it must be in [0, 1]")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UserError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return bool(np.float32(self.temperature) < GREEDY_EPS)
+
+    @property
+    def top_p_q24(self) -> int:
+        """top_p in units of 2^−24, at least 1 (rule step 5)."""
+        return max(1, round(self.top_p * (1 << TOP_P_BITS)))
+
+
+# ------------------------------------------------------------------------------ random numbers
+def philox4x32_10(ctr: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 (Salmon et al., SC 2011): four 32-bit words of counter, two of key."""
+    c0, c1, c2, c3 = (int(c) & M32 for c in ctr)
+    k0, k1 = (int(k) & M32 for k in key)
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + PHILOX_W[0]) & M32, (k1 + PHILOX_W[1]) & M32
+        p0, p1 = PHILOX_M[0] * c0, PHILOX_M[1] * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & M32, (p0 >> 32) ^ c3 ^ k1, p0 & M32
+    return c0, c1, c2, c3
+
+
+def draw_u64(seed: int, position: int) -> int:
+    """The row's 64-bit random number U (rule step 6)."""
+    s = int(seed) % (1 << 64)
+    a, b, _, _ = philox4x32_10((position, 0, 0, 0), (s & M32, s >> 32))
+    return a | (b << 32)
+
+
+# ------------------------------------------------------------------------------ the rule
+def exp2q(t: np.ndarray) -> np.ndarray:
+    """2^t for float32 t ≤ 0 by the rule's recipe (step 3): bit-exact with the kernel."""
+    t = np.asarray(t, np.float32)
+    with np.errstate(invalid="ignore"):
+        live = t >= np.float32(-32)
+    tt = np.where(live, t, np.float32(0))
+    k = np.floor(tt)
+    f = (tt - k).astype(np.float32)
+    q = EXP2_COEFFS[-1] * np.ones_like(f)
+    for c in EXP2_COEFFS[-2::-1]:
+        q = (q * f).astype(np.float32)
+        q = (q + c).astype(np.float32)
+    e = np.ldexp(q, k.astype(np.int32)).astype(np.float32)      # exact: k in [−32, 0]
+    return np.where(live, e, np.float32(0))
+
+
+def weights(x: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """(e float32 [V], w uint64 [V]) of a row x (steps 2 and 3)."""
+    x = np.asarray(x, np.float32)
+    m = x.max()
+    d = ((x - m).astype(np.float32) / np.float32(temperature)).astype(np.float32)
+    e = exp2q((d * LOG2E).astype(np.float32))
+    w = np.floor(e.astype(np.float64) * W_ONE).astype(np.uint64)   # exact: e · 2^32 < 2^53
+    return e, w
+
+
+def survivors(x: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(stays bool [V], w uint64 [V]): the set S of steps 4 and 5 and the weights."""
+    x = np.asarray(x, np.float32)
+    V = x.shape[0]
+    e, w = weights(x, p.temperature)
+    keep = e >= np.float32(p.min_p)
+    if 1 <= p.top_k < V:
+        tau = np.partition(x, V - p.top_k)[V - p.top_k]
+        keep &= x >= tau
+    if p.top_p_q24 < 1 << TOP_P_BITS:
+        W = int(w[keep].sum(dtype=np.uint64))
+        P = -(-(p.top_p_q24 * W) // (1 << TOP_P_BITS))
+        xs_idx = np.flatnonzero(keep)
+        order = np.argsort(x[xs_idx], kind="stable")
+        xs, ws = x[xs_idx][order], w[xs_idx][order]
+        cum = np.concatenate([[np.uint64(0)], np.cumsum(ws, dtype=np.uint64)])
+        above = np.uint64(W) - cum[np.searchsorted(xs, xs, side="right")]   # Σ w_j, x_j > x_i
+        stay = np.zeros(V, bool)
+        stay[xs_idx[order]] = above < np.uint64(P)
+        keep = stay
+    return keep, w
+
+
+def sample(x: np.ndarray, p: SamplingParams, position: int) -> int:
+    """The token of row x [V] for a request with parameters p at ``position`` (the rule)."""
+    x = np.asarray(x, np.float32)
+    if p.greedy:
+        return int(np.argmax(x))
+    keep, w = survivors(x, p)
+    s = np.where(keep, w, np.uint64(0))
+    cum = np.cumsum(s, dtype=np.uint64)
+    r = (draw_u64(p.seed, position) * int(cum[-1])) >> 64
+    return int(np.searchsorted(cum, np.uint64(r), side="right"))
+
+
+def sample_rows(logits: np.ndarray, params: list[SamplingParams], positions: list[int]) -> np.ndarray:
+    """``sample`` per row: logits [R, V], one parameter set and position per row -> int32 [R]."""
+    return np.array([sample(logits[r], params[r], positions[r]) for r in range(len(params))],
+                    np.int32)
+
+
+def pack_params(params: list[SamplingParams], positions: list[int]):
+    """The kernel's per-row arguments (kernels/sampling.cuh): fpar float32 [R, 2] (temperature,
+    min_p), upar uint32 [R, 4] (top_k, top_p_q24, seed low word, seed high word), ctr int32 [R]."""
+    R = len(params)
+    fpar = np.zeros((R, 2), np.float32)
+    upar = np.zeros((R, 4), np.uint32)
+    for i, p in enumerate(params):
+        s = int(p.seed) % (1 << 64)
+        fpar[i] = (p.temperature, p.min_p)
+        upar[i] = (p.top_k & M32, min(p.top_p_q24, 1 << TOP_P_BITS), s & M32, s >> 32)
+    return fpar, upar, np.asarray(positions, np.int64).astype(np.uint32).view(np.int32)

@@ -1,0 +1,162 @@
+"""What `qwen38gen run` puts together: requests, a backend, the engine, the output lines and
+the throughput summary (docs/RUN_FORMAT.md). cli.py parses the options and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from .config import ModelConfig
+from .engine import Result, Stats, check_request
+from .errors import UserError
+
+BACKENDS = ("gpu", "reference")
+FORMAT = "qwen38gen-run"
+VERSION = 2
+
+
+def load_tokenizer(model: str, weights_dir: Path | None):
+    """The model folder's tokenizer, or None (a preset, no tokenizer files, or no tokenizer
+    module in this build)."""
+    try:
+        from .tokenizer import load_tokenizer as load
+    except ImportError:
+        return None
+    for d in (weights_dir, Path(model)):
+        if d is not None and Path(d).is_dir():
+            tok = load(Path(d))
+            if tok is not None:
+                return tok
+    return None
+
+
+def eos_ids(cfg: ModelConfig, tokenizer) -> tuple[int, ...]:
+    if tokenizer is not None:
+        return tuple(tokenizer.eos_ids)
+    return () if cfg.eos_token_id is None else (cfg.eos_token_id,)
+
+
+def default_ctx(requests) -> int:
+    """Room for every request: its prompt and all but its last new token are fed."""
+    return max(len(r.prompt) + r.max_tokens - 1 for r in requests)
+
+
+def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
+    """What no backend may start with: sampling under --mtp, a context the model cannot hold."""
+    if mtp:
+        s = next((r for r in requests if not r.sampling.greedy), None)
+        if s is not None:
+            raise UserError(f"--mtp decodes greedily, but request {s.id!r} samples (temperature "
+                            f"{s.sampling.temperature}); drop --mtp or set temperature 0")
+        raise UserError("run's engine drives the plain decode program; a --mtp program "
+                        "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+    if not 1 <= ctx <= cfg.max_position_embeddings:
+        raise UserError(f"--ctx {ctx} must be in 1..{cfg.max_position_embeddings}")
+    for r in requests:
+        check_request(r, ctx, cfg.vocab_size)
+
+
+def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int) -> dict:
+    """The weights the backend starts from: a checkpoint folder, or seeded synthetic."""
+    from .check import default_tensors
+    from .quantize import QUANT_JSON, load_any, load_quantized
+
+    if weights_dir is None:
+        return default_tensors(cfg, seed)
+    if not Path(weights_dir).is_dir():
+        raise UserError(f"weights folder {str(weights_dir)!r} does not exist or is not a folder")
+    if (Path(weights_dir) / QUANT_JSON).exists():
+        return load_quantized(weights_dir, cfg)
+    return load_any(weights_dir, cfg)
+
+
+def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, ctx: int):
+    """The numpy reference on the int4 g128 weights the program computes with."""
+    import numpy as np
+
+    from .backends import ReferenceBackend
+    from .quantize import QuantizedTensor, dequantized_weights, int4_weights
+    from .reference import Reference
+
+    if any(isinstance(v, QuantizedTensor) for v in tensors.values()):
+        w = dequantized_weights(tensors)
+    else:
+        w = int4_weights(cfg, tensors)
+    return ReferenceBackend(Reference(cfg, w, dtype=np.float32), slots, chunk, ctx)
+
+
+@contextmanager
+def gpu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
+    """The emitted program (built and gated, cached) on the GPU; closed on exit."""
+    from .backends import RuntimeBackend
+    from .check import build
+    from .runtime import Runtime, _drv
+
+    _drv()   # no GPU: say so before the build
+    cubin, manifest = build(cfg, lanes)
+    with Runtime(cubin, manifest, cfg, tensors, ctx) as rt:
+        yield RuntimeBackend(rt)
+
+
+def record(res: Result, tokenizer) -> dict:
+    """One output line."""
+    d = {"id": res.id, "token_ids": res.token_ids}
+    if tokenizer is not None:
+        d["text"] = tokenizer.decode(res.token_ids)
+    d.update(finish_reason=res.finish_reason, prompt_tokens=len(res.prompt),
+             output_tokens=len(res.token_ids))
+    return d
+
+
+def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: str) -> dict:
+    """The run's figures (`--json`, and the closing line)."""
+    s = max(seconds, 1e-9)
+    return {"format": FORMAT + "-summary", "version": VERSION, "model": cfg.name,
+            "config_hash": cfg.hash, "backend": backend, "lane": lane,
+            "seconds": round(seconds, 4),
+            "requests_per_s": round(stats.requests / s, 4),
+            "output_tokens_per_s": round(stats.output_tokens / s, 4),
+            **stats.as_dict()}
+
+
+def summary_line(d: dict) -> str:
+    return (f"Throughput: {d['requests_per_s']:.2f} requests/s, {d['output_tokens_per_s']:.2f} "
+            f"output tokens/s ({d['requests']} requests, {d['output_tokens']} output tokens in "
+            f"{d['seconds']:.2f} s, {d['backend']} backend); steps {d['steps']} (prefill "
+            f"{d['prefill_steps']}, decode {d['decode_steps']}), slot occupancy "
+            f"{d['occupancy']:.2f} (decode {d['decode_occupancy']:.2f}) of {d['slots']} slots; "
+            f"lockstep batches: {d['lockstep_steps']} steps")
+
+
+class LineSink:
+    """Output lines, each written whole and flushed: to stdout, or to a file that appears only
+    complete (written beside it, renamed at ``commit``; removed on ``discard``)."""
+
+    def __init__(self, path: Path | None, stdout):
+        self.path, self.tmp = path, None
+        if path is None:
+            self.f = stdout
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, self.tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            self.f = os.fdopen(fd, "w")
+
+    def write(self, obj: dict) -> None:
+        self.f.write(json.dumps(obj) + "\n")
+        self.f.flush()
+
+    def commit(self) -> None:
+        if self.tmp is not None:
+            self.f.close()
+            os.replace(self.tmp, self.path)
+            self.tmp = None
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            self.f.close()
+            os.unlink(self.tmp)
+            self.tmp = None

@@ -1,0 +1,108 @@
+"""The GPU backend's host side without a GPU: ``Runtime.reset_slot`` zeroes exactly one slot of
+the emitted program's state buffers (byte spans checked on host copies of the buffers), and
+``RuntimeBackend`` lays out prefill chunks and decode steps as the program reads them (tokens
+row b·pt + t, ntok 0 for an idle slot). The GPU itself runs it in the verification issue."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen38gen.backends import RuntimeBackend
+from qwen38gen.config import PRESETS
+from qwen38gen.emit import emit_program
+from qwen38gen.errors import UserError
+from qwen38gen.lanes import Lanes
+from qwen38gen.ops import resolve_shape
+from qwen38gen.runtime import DT, Runtime
+
+
+class HostMem:
+    """Device buffers as host byte arrays; pointers are (base id << 40) + byte offset."""
+
+    def __init__(self):
+        self.blocks = {}
+
+    def alloc(self, nbytes):
+        base = (len(self.blocks) + 1) << 40
+        self.blocks[base] = np.full(nbytes, 0xAB, np.uint8)
+        return base
+
+    def memset_d8_async(self, ptr, value, n, stream):
+        base, off = ptr >> 40 << 40, ptr & ((1 << 40) - 1)
+        assert off + n <= self.blocks[base].size
+        self.blocks[base][off:off + n] = value
+
+
+def fake_runtime(B, pt=16, tmax=32, mtp=0):
+    cfg = PRESETS["tiny"]
+    prog = emit_program(cfg, Lanes.make(B, pt=pt, mtp=mtp))
+    rt = Runtime.__new__(Runtime)
+    rt.drv = HostMem()
+    rt.stream, rt.B, rt.pt, rt.tmax, rt.cfg, rt.mtp = None, B, pt, tmax, cfg, mtp
+    rt.manifest = prog.manifest
+    rt.bufs = {}
+    for name, spec in prog.manifest["buffers"].items():
+        shape, dt = resolve_shape(spec["shape"], tmax), DT[spec["dtype"]]
+        rt.bufs[name] = (rt.drv.alloc(int(np.prod(shape)) * dt.itemsize), shape, dt)
+    return rt
+
+
+def view(rt, name):
+    """The buffer's bytes, shaped [*shape, itemsize]."""
+    g, shape, dt = rt.bufs[name]
+    return rt.drv.blocks[g].reshape(*shape, dt.itemsize)
+
+
+@pytest.mark.parametrize("B,slot", [(1, 0), (3, 1), (3, 2)])
+def test_reset_slot_zeroes_one_slot(B, slot):
+    rt = fake_runtime(B)
+    Runtime.reset_slot(rt, slot)
+    for name in ("conv", "rec"):
+        a = view(rt, name)
+        assert np.all(a[:, slot] == 0), name
+        others = [b for b in range(B) if b != slot]
+        assert all(np.all(a[:, b] == 0xAB) for b in others), name
+    pos = view(rt, "pos")
+    assert np.all(pos[slot] == 0) and all(np.all(pos[b] == 0xAB) for b in range(B) if b != slot)
+    for name in ("kc", "vc"):   # KV is left: positions past the new sequence are never read
+        assert np.all(view(rt, name) == 0xAB)
+    with pytest.raises(ValueError, match=rf"^slot {B} is outside 0\.\.{B - 1}$"):
+        Runtime.reset_slot(rt, B)
+
+
+class Recorder:
+    def __init__(self, rt):
+        self.B, self.pt, self.tmax, self.cfg, self.mtp = rt.B, rt.pt, rt.tmax, rt.cfg, rt.mtp
+        self.log = []
+
+    def reset(self):
+        self.log.append(("reset",))
+
+    def put(self, name, arr):
+        self.log.append(("put", name, np.asarray(arr).tolist()))
+
+    def run_phase(self, phase):
+        self.log.append(("run", phase))
+
+    def get(self, name):
+        assert name == "logits"
+        return np.arange(self.B * 4, dtype=np.float32).reshape(self.B, 4)
+
+
+def test_runtime_backend_layout():
+    rec = Recorder(fake_runtime(3, pt=4))
+    be = RuntimeBackend(rec)
+    assert (be.slots, be.chunk, be.ctx) == (3, 4, 32)
+    rows = be.prefill([[5, 6, 7], [], [9]])
+    assert rows[1] is None and rows[0].tolist() == [0, 1, 2, 3] and rows[2].tolist() == [8, 9, 10, 11]
+    assert rec.log[1:] == [("put", "tokens", [5, 6, 7, 0, 0, 0, 0, 0, 9, 0, 0, 0]),
+                           ("put", "ntok", [3, 0, 1]), ("run", "prefill")]
+    rec.log.clear()
+    be.decode([None, 4, 2])
+    assert rec.log == [("put", "tokens", [0, 4, 2]), ("put", "ntok", [0, 1, 1]), ("run", "decode")]
+
+
+def test_runtime_backend_refuses_mtp():
+    with pytest.raises(UserError, match=r"^run's engine drives the plain decode program"):
+        RuntimeBackend(Recorder(fake_runtime(2, mtp=1)))

@@ -1,0 +1,112 @@
+"""`qwen38gen run` as a user meets it, on the reference backend (CPU): JSON-lines requests in,
+one complete JSON line per finished request out, the throughput figures; the same ids per
+request at --batch 2 as at --batch 1, greedy and sampled; every kind of bad input is a one-line
+error with exit 2 and no output file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_cli import assert_user_error
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "cli", "run", "--backend", "reference",
+                        "--model", "tiny", *args], capture_output=True, text=True,
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin:/usr/local/bin",
+                            "OPENBLAS_NUM_THREADS": "1"})
+    return p.returncode, p.stdout, p.stderr
+
+
+LENGTHS = (5, 1, 20, 2, 35)        # 1 to 3 chunks of 16
+MAX_TOKENS = (8, 3, 5, 10, 6)
+
+
+def write_requests(path, lines):
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def show_requests():
+    out = []
+    for mode in ("greedy", "sampled"):
+        for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
+            r = {"id": f"{mode}-{i}", "prompt_ids": [(37 * i + 11 * j) % 1024 for j in range(n)],
+                 "max_tokens": m}
+            if mode == "sampled":
+                r.update(temperature=0.8, seed=1000 + i)
+            out.append(r)
+    return out
+
+
+def test_batch_2_gives_the_ids_of_batch_1(tmp_path):
+    reqs = write_requests(tmp_path / "R.jsonl", show_requests())
+    got = {}
+    for b in (2, 1):
+        o = tmp_path / f"out{b}.jsonl"
+        rc, out, err = run("--batch", str(b), "--prompts", reqs, "--output", str(o),
+                           "--json", str(tmp_path / f"s{b}.json"))
+        assert rc == 0, err
+        assert out == ""
+        lines = [json.loads(x) for x in o.read_text().splitlines()]
+        assert sorted(x["id"] for x in lines) == sorted(r["id"] for r in show_requests())
+        for x in lines:
+            assert set(x) == {"id", "token_ids", "finish_reason", "prompt_tokens", "output_tokens"}
+            assert x["finish_reason"] == "length" and x["output_tokens"] == len(x["token_ids"])
+        got[b] = {x["id"]: x["token_ids"] for x in lines}
+        s = json.loads((tmp_path / f"s{b}.json").read_text())
+        assert s["slots"] == b and s["requests"] == 10 and s["output_tokens"] == 2 * sum(MAX_TOKENS)
+        assert s["steps"] == s["prefill_steps"] + s["decode_steps"]
+        assert "Throughput: " in err and "requests/s" in err and "output tokens/s" in err
+    assert got[2] == got[1]
+    assert sum(got[1][f"greedy-{i}"] != got[1][f"sampled-{i}"] for i in range(5)) >= 3
+
+
+def test_streams_to_stdout(tmp_path):
+    reqs = write_requests(tmp_path / "R.jsonl", [
+        {"prompt_ids": [1, 2, 3], "max_tokens": 2},
+        {"id": "x", "prompt_ids": [4], "max_tokens": 1, "stop_token_ids": [5], "ignore_eos": True}])
+    rc, out, err = run("--batch", "2", "--prompts", reqs)
+    assert rc == 0, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["id"] for x in lines] == ["x", 0]     # in the order they finish; default id: number
+    assert [x["prompt_tokens"] for x in lines] == [1, 3]
+
+
+@pytest.mark.parametrize("lines,pattern", [
+    ([{"prompt_ids": [1], "temperature": -1}],
+     r"R\.jsonl, line 1: temperature -1 is out of range: it must be ≥ 0 \(0 = greedy\)$"),
+    ([{"prompt_ids": [1]}, {"prompt_ids": [1], "top_p": 0}],
+     r"R\.jsonl, line 2: top_p 0 is out of range: it must be in \(0, 1\]$"),
+    ([{"prompt_ids": [1], "top_k": -3}], r"line 1: top_k -3 is out of range"),
+    ([{"prompt_ids": [1], "min_p": 1.5}], r"line 1: min_p 1\.5 is out of range"),
+    ([{"prompt_ids": [1], "max_tokens": 0}], r"line 1: max_tokens 0 must be an integer ≥ 1$"),
+    ([{"prompt_ids": [1], "temprature": 1}], r"line 1: unknown field 'temprature'; known fields: "),
+    ([{"prompt_ids": [1]}, "{not json"], r"R\.jsonl, line 2: not valid JSON"),
+    ([{"prompt": "hello"}], r"line 1: the prompt is text but no tokenizer is available"),
+    ([{"prompt_ids": [1, 2]}, {"id": 0, "prompt_ids": [3]}], r"line 2: id 0 repeats the request of line 1$"),
+    ([{"prompt_ids": [1024]}], r"line 1: token id 1024 is outside the vocabulary 0\.\.1023$"),
+])
+def test_bad_requests(tmp_path, lines, pattern):
+    p = tmp_path / "R.jsonl"
+    p.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    o = tmp_path / "out.jsonl"
+    assert_user_error(*run("--batch", "2", "--prompts", str(p), "--output", str(o)), pattern)
+    assert list(tmp_path.iterdir()) == [p]    # no output, no temporary file left
+
+
+def test_prompt_longer_than_the_context_and_mtp(tmp_path):
+    reqs = write_requests(tmp_path / "R.jsonl", [{"id": "long", "prompt_ids": [1] * 9},
+                                                 {"prompt_ids": [2], "temperature": 0.8}])
+    o = tmp_path / "out.jsonl"
+    assert_user_error(*run("--batch", "2", "--ctx", "8", "--prompts", reqs, "--output", str(o)),
+                      r"^error: request 'long': the prompt has 9 tokens, more than the context "
+                      r"of 8; pass a larger --ctx$")
+    assert_user_error(*run("--batch", "2", "--mtp", "--prompts", reqs),
+                      r"^error: --mtp decodes greedily, but request 1 samples \(temperature "
+                      r"0\.8\); drop --mtp or set temperature 0$")
+    assert not o.exists()

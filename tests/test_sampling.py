@@ -1,0 +1,122 @@
+"""The sampling rule's numpy twin (qwen38gen/sampling.py): Philox known answers, the float32
+exp2 recipe, each filter against a direct reading of its definition, the draw's distribution,
+and the parameter checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qwen38gen import sampling as S
+from qwen38gen.errors import UserError
+
+
+# Random123's published known-answer vectors for Philox4x32-10 (its tests/kat_vectors).
+@pytest.mark.parametrize("ctr,key,want", [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_known_answers(ctr, key, want):
+    assert S.philox4x32_10(ctr, key) == want
+
+
+def test_exp2q():
+    t = np.concatenate([np.linspace(-32, 0, 4001, dtype=np.float32),
+                        np.float32([0, -1, -0.5, -31.999, -32, -32.001, -np.inf])])
+    e = S.exp2q(t)
+    assert e.dtype == np.float32
+    assert e[np.flatnonzero(t == 0)[0]] == 1.0
+    live = t >= -32
+    np.testing.assert_allclose(e[live], np.exp2(t[live].astype(np.float64)), rtol=3e-6)
+    assert np.all(e[~live] == 0)
+
+
+def test_greedy_is_argmax_lowest_index():
+    x = np.float32([1, 5, 3, 5, 5])
+    assert S.sample(x, S.SamplingParams(), 7) == 1
+    # below the epsilon is greedy too; the seed does not matter then
+    assert S.sample(x, S.SamplingParams(temperature=1e-6, seed=3), 7) == 1
+
+
+def _softmax(x, t):
+    z = (x.astype(np.float64) - x.max()) / t
+    p = np.exp(z)
+    return p / p.sum()
+
+
+def test_filters_by_definition():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(400).astype(np.float32)
+    x[[3, 9, 50]] = x.max() + 0.25          # a tie at the top: three maxima
+    x[[10, 11]] = np.sort(x)[-30]           # ties somewhere in the middle
+    for k in (1, 2, 3, 30, 31, 399, 400, 0, -1):
+        keep, _ = S.survivors(x, S.SamplingParams(temperature=1.0, top_k=k))
+        kth = np.sort(x)[::-1][k - 1] if 1 <= k < 400 else -np.inf
+        assert np.array_equal(keep, x >= kth), k
+    for mp in (0.0, 0.1, 0.5, 1.0):
+        keep, _ = S.survivors(x, S.SamplingParams(temperature=0.7, min_p=mp))
+        p = _softmax(x, 0.7)
+        want = p >= mp * p.max()
+        near = np.abs(p - mp * p.max()) < 1e-5 * p.max()   # exp2q's error at the edge
+        assert np.array_equal(keep[~near], want[~near]), mp
+    for tp in (0.05, 0.3, 0.9, 0.999, 1.0):
+        keep, _ = S.survivors(x, S.SamplingParams(temperature=0.9, top_p=tp))
+        p = _softmax(x, 0.9)
+        above = np.array([p[x > v].sum() for v in x])
+        want = above < tp
+        near = np.abs(above - tp) < 1e-5
+        assert np.array_equal(keep[~near], want[~near]), tp
+        assert keep[3] and keep[9] and keep[50]           # the maxima always stay
+
+
+def test_draw_distribution():
+    """4000 draws of a 6-token row at T = 1 and T = 0.5: frequencies within 5 standard errors of
+    the softmax (each position is an independent draw)."""
+    x = np.float32([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    for t in (1.0, 0.5):
+        p = S.SamplingParams(temperature=t, seed=11)
+        got = np.bincount([S.sample(x, p, n) for n in range(4000)], minlength=6) / 4000
+        want = _softmax(x, t)
+        assert np.all(np.abs(got - want) < 5 * np.sqrt(want * (1 - want) / 4000) + 1e-3), (got, want)
+
+
+def test_draw_is_keyed_by_seed_and_position_only():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(1024).astype(np.float32)
+    p = S.SamplingParams(temperature=1.2, top_k=50, top_p=0.9, min_p=0.01, seed=5)
+    a = [S.sample(x, p, n) for n in range(40)]
+    assert a == [S.sample(x, p, n) for n in range(40)]
+    assert len(set(a)) > 5
+    b = [S.sample(x, S.SamplingParams(temperature=1.2, top_k=50, top_p=0.9, min_p=0.01, seed=6), n)
+         for n in range(40)]
+    assert a != b
+    got = S.sample_rows(np.stack([x, x]), [p, p], [3, 4])
+    assert got.tolist() == [a[3], a[4]] and got.dtype == np.int32
+
+
+def test_big_seed_and_vocab():
+    """Seeds are taken mod 2^64; a row of the 27B vocabulary samples in well under a second."""
+    x = np.random.default_rng(3).standard_normal(248320).astype(np.float32)
+    a = S.sample(x, S.SamplingParams(temperature=0.8, top_p=0.95, seed=-1), 10)
+    assert a == S.sample(x, S.SamplingParams(temperature=0.8, top_p=0.95, seed=2**64 - 1), 10)
+    assert 0 <= a < 248320
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"temperature": -0.1}, r"^temperature -0\.1 is out of range: it must be ≥ 0 \(0 = greedy\)$"),
+    ({"top_p": 0.0}, r"^top_p 0\.0 is out of range: it must be in \(0, 1\]$"),
+    ({"top_p": 1.5}, r"^top_p 1\.5 is out of range: it must be in \(0, 1\]$"),
+    ({"top_k": -2}, r"^top_k -2 is out of range: it must be an integer ≥ -1 \(-1 or 0 = off\)$"),
+    ({"top_k": 2.5}, r"^top_k 2\.5 is out of range"),
+    ({"min_p": -0.5}, r"^min_p -0\.5 is out of range: it must be in \[0, 1\]$"),
+    ({"min_p": 2}, r"^min_p 2 is out of range: it must be in \[0, 1\]$"),
+    ({"temperature": math.nan}, r"^temperature must be a finite number, got nan$"),
+    ({"seed": "x"}, r"^seed must be an integer, got 'x'$"),
+])
+def test_bad_parameters(kw, msg):
+    with pytest.raises(UserError, match=msg):
+        S.SamplingParams(**kw)

@@ -1,0 +1,134 @@
+"""kernels/sampling.cuh without a GPU: it compiles through the gate (no spills, no stack, its
+registers fit 1024 threads), its float32 constants are the twin's, and its algorithm (16-bit keys,
+radix selects over counts and integer weight sums, the warp-sliced draw), replayed here in
+numpy step by step, picks the twin's token on bf16 rows. tests/gpu/test_sampling.py runs the
+kernel itself."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from qwen38gen import sampling as S
+from qwen38gen.emit import KERNELS_DIR
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SRC = (KERNELS_DIR / "sampling.cuh").read_text()
+
+
+def entry(v: int) -> str:
+    """The test entry point of the sampler over a vocabulary of v (docs/KERNELS.md)."""
+    return (f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{v}>::threads)\n'
+            f"q38_sample_v{v}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
+            f"const int* ctr, int* tok) {{ q38::sample_rows<{v}>(l, fpar, upar, ctr, tok); }}\n")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_compiles_through_the_gate(tmp_path, monkeypatch):
+    from qwen38gen import gate as G
+
+    monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
+    src = '#include "sampling.cuh"\n' + entry(1024) + entry(248320)
+    res = G.compile_source(src, "sampling.cu", include_dirs=(str(KERNELS_DIR),))
+    assert sorted(k.name for k in res.kernels) == ["q38_sample_v1024", "q38_sample_v248320"]
+    for k in res.kernels:
+        k.threads = 1024
+    assert res.problems == []
+    assert all(k.stack == 0 and k.spill_stores == 0 for k in res.kernels)
+
+
+def test_constants_are_the_twins():
+    body = SRC[SRC.index("float exp2q(float t)"):]
+    lits = re.findall(r"(0x[0-9a-f.]+p[-+]?\d+)f", body[:body.index("bf16_key")])
+    assert [np.float32(float.fromhex(h)) for h in lits[::-1]] == list(S.EXP2_COEFFS)
+    assert "__fmul_rn(d, 0x1.715476p+0f)" in SRC and S.LOG2E == np.float32(float.fromhex("0x1.715476p+0"))
+    assert "1e-5f" in SRC and S.GREEDY_EPS == np.float32(1e-5)
+
+
+# ------------------------------------------------------------------- the kernel's algorithm
+def keys(bits: np.ndarray) -> np.ndarray:
+    b = np.where(bits == 0x8000, 0, bits).astype(np.uint32)
+    return np.where(b & 0x8000, ~b & 0xFFFF, b | 0x8000).astype(np.uint32)
+
+
+def suffix_select(hist: np.ndarray, need: int) -> tuple[int, int]:
+    """Largest bin b with Σ_{b' ≥ b} hist ≥ need, and the sum above it."""
+    tail = 0
+    for b in range(255, -1, -1):
+        if tail + int(hist[b]) >= need:
+            return b, tail
+        tail += int(hist[b])
+    raise AssertionError("need exceeds the total")
+
+
+def kernel_like(row_bf16: np.ndarray, p: S.SamplingParams, pos: int) -> int:
+    """sample_rows<V> step by step on one row (the block's reductions as plain sums)."""
+    bits = row_bf16.view(np.uint16).astype(np.uint32)
+    x = row_bf16.astype(np.float32)
+    V = x.size
+    if not np.float32(p.temperature) >= np.float32(1e-5):
+        return int(np.argmax(x))
+    k = keys(bits)
+    kk = kp = 0
+    if 1 <= p.top_k < V:
+        b1, above = suffix_select(np.bincount(k >> 8, minlength=256), p.top_k)
+        l, _ = suffix_select(np.bincount(k[(k >> 8) == b1] & 255, minlength=256), p.top_k - above)
+        kk = (b1 << 8) | l
+    e, w0 = S.weights(x, p.temperature)
+
+    def weight():
+        return np.where((e >= np.float32(p.min_p)) & (k >= kk) & (k >= kp), w0, np.uint64(0))
+
+    w = weight()
+    h1 = np.bincount(k >> 8, weights=w.astype(np.float64), minlength=256)   # < 2^53: exact
+    total = int(h1.sum())
+    q24 = min(p.top_p_q24, 1 << 24)
+    if q24 < 1 << 24:
+        need = -(-(q24 * total) // (1 << 24))
+        b1, above = suffix_select(h1, need)
+        sel = (k >> 8) == b1
+        h2 = np.bincount(k[sel] & 255, weights=w[sel].astype(np.float64), minlength=256)
+        l, above2 = suffix_select(h2, need - above)
+        kp = (b1 << 8) | l
+        total = above + above2 + int(h2[l])
+        w = weight()
+        assert int(w.sum()) == total
+    u = S.draw_u64(p.seed, pos)
+    target = (u * total) >> 64
+    nv = V // 8
+    nvw = -(-nv // 32)
+    slices = [w[8 * s * nvw: 8 * min((s + 1) * nvw, nv)] for s in range(32)]
+    sums = np.cumsum([int(s.sum()) for s in slices])
+    tw = int(np.searchsorted(sums, target, side="right"))
+    target -= int(sums[tw]) - int(slices[tw].sum())
+    run = np.cumsum(slices[tw], dtype=np.uint64)
+    return 8 * tw * nvw + int(np.searchsorted(run, np.uint64(target), side="right"))
+
+
+PARAMS = [
+    S.SamplingParams(),
+    S.SamplingParams(temperature=0.8, seed=1),
+    S.SamplingParams(temperature=1.0, top_k=1, seed=2),
+    S.SamplingParams(temperature=1.3, top_k=40, seed=3),
+    S.SamplingParams(temperature=0.7, top_p=0.9, seed=4),
+    S.SamplingParams(temperature=2.0, top_p=0.3, top_k=100, min_p=0.05, seed=5),
+    S.SamplingParams(temperature=0.5, min_p=0.2, seed=2**63 + 7),
+    S.SamplingParams(temperature=5.0, top_p=1e-9, seed=6),
+]
+
+
+@pytest.mark.parametrize("V", [1024, 248320])
+def test_kernel_algorithm_is_the_twin(V):
+    rng = np.random.default_rng(V)
+    rows = 2 if V > 4096 else 6
+    for r in range(rows):
+        x = (rng.standard_normal(V) * (1 + 2 * r)).astype(BF16)   # bf16: many equal values
+        x[rng.integers(0, V, 8)] = x.astype(np.float32).max()     # ties at the top
+        x[:4] = np.array([0.0, -0.0, -0.0, 0.0], np.float32).astype(BF16)
+        for i, p in enumerate(PARAMS):
+            pos = 100 * r + i
+            assert kernel_like(x, p, pos) == S.sample(x.astype(np.float32), p, pos), (r, p)
