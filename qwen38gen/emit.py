@@ -121,7 +121,15 @@ def emit_program(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> Program
 
 
 def umask() -> int:
-    """The process's umask (set and put back: there is no call that only reads it)."""
+    """The process's umask: Linux shows it in /proc/self/status; elsewhere it is set and put
+    back (no call only reads it), which a thread creating a file at that instant could see."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
