@@ -503,7 +503,8 @@ class _Fields:
 
     def wrong(self, key: str, v, expected: str) -> UserError:
         shown = json.dumps(v, default=str)
-        return UserError(f"config {self.name!r}: {self.prefix}{key} is {shown}; expected {expected}")
+        return UserError(f"config {self.name!r}: {self.prefix}{key} is {shown}; "
+                         f"expected {expected}")
 
     def _get(self, key, default):
         if key in self.d:
