@@ -1,5 +1,8 @@
-# qwen38gen: `make test` (what CI runs), `make run` (the main job on the embedded default),
-# `make gate` (compile the lane matrix with nvcc), `make device` (GPU checks, on the H200 machine).
+# qwen38gen: `make test` (the tests but the slow ones, under about 3 minutes on 2 cores),
+# `make test-slow` (the slow ones), `make run` (the main job on the embedded default), `make gate`
+# (compile the lane matrix with nvcc), `make install-check` (a wheel in a fresh venv runs emit,
+# gate and check from outside the checkout), `make device` (GPU checks, on the H200 machine).
+# CI (.ci/run) runs test, test-slow, gate and install-check.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -7,9 +10,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUTDIR ?= out
 
-.PHONY: venv test run gate device device-prep clean
+.PHONY: venv test test-slow install-check run gate device device-prep clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch==2.13.0 is the CPU build on these machines; pinning it keeps pip from pulling CUDA.
 	$(PY) -m pip install -q -e '.[test]'
@@ -17,8 +20,19 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
+# pytest's exit code 5 means no test ran (none collected, or every one deselected): a failure.
+NO_TESTS = { rc=$$?; [ $$rc -eq 5 ] && echo "pytest ran no tests: failing"; exit $$rc; }
+
 test: $(STAMP)
-	$(PY) -m pytest -q || { rc=$$?; [ $$rc -eq 5 ] && echo "pytest collected no tests: failing"; exit $$rc; }
+	$(PY) -m pytest -q -m "not slow" || $(NO_TESTS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow || $(NO_TESTS)
+
+# Not editable, not this venv: the wheel of the checkout's files in a fresh venv of $(PYTHON),
+# its dependencies from the package index.
+install-check:
+	.ci/install-check $(PYTHON)
 
 run: $(STAMP)
 	$(VENV)/bin/qwen38gen info tiny

@@ -51,8 +51,15 @@ def cli():
               help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
 def info(model, ctx, bandwidth):
     """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL."""
+    import math
+
     from qwen38gen.config import load_config
 
+    if ctx < 0:
+        raise UserError(f"--ctx {ctx}: the context length must be ≥ 0 tokens")
+    if not (math.isfinite(bandwidth) and bandwidth > 0):
+        raise UserError(f"--bandwidth {bandwidth:g}: the copy bandwidth must be a positive number "
+                        "of bytes/s, e.g. 4.149e12")
     cfg = load_config(model)
     t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
     t.add_column(style="bold")
@@ -235,10 +242,14 @@ def _gate_table(res) -> Table:
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary table.")
 def gate(files, matrix, jobs, quiet):
     """Compile emitted programs with nvcc; fail on errors, spills, stack or too many registers."""
+    from rich.markup import escape
+
     from qwen38gen import gate as G
 
     if not files and not matrix:
         raise UserError("give one or more .cu files, or --matrix")
+    if jobs is not None and jobs < 1:
+        raise UserError(f"--jobs {jobs}: give at least 1 parallel nvcc process")
     failed = False
     if matrix:
         from qwen38gen.matrix import run_matrix
@@ -271,9 +282,13 @@ def gate(files, matrix, jobs, quiet):
         except G.ResourceError as e:
             failed = True
             out.print(_gate_table(e.result))
+            for n in e.result.notes:
+                out.print(f"[yellow]note[/yellow] {escape(str(f))}: {escape(n)}")
             continue
         if not quiet:
             out.print(_gate_table(res))
+        for n in res.notes:
+            out.print(f"[yellow]note[/yellow] {escape(str(f))}: {escape(n)}")
         where = ("every entry point resolved on the GPU" if res.loaded
                  else "no GPU here: cubin not loaded")
         out.print(f"[green]pass[/green] {f}: {len(res.kernels)} kernels, 0 spills, 0 stack; {where}")
@@ -375,27 +390,34 @@ def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, out
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
 
 
+_golden_option = click.option(
+    "--golden", "golden_dir", type=click.Path(path_type=Path), default=None,
+    help="The folder of golden files (default: the one installed with qwen38gen).")
+
+
 @cli.command("golden")
 @click.option("--update", is_flag=True, help="Regenerate with the batch-1 program on the GPU.")
 @click.option("--candidate", type=click.Path(path_type=Path), default=None,
               help="With --update: also write the new runs here, even if they fail validation.")
-def golden_cmd(update, candidate):
+@_golden_option
+def golden_cmd(update, candidate, golden_dir):
     """Show, validate (CPU) or regenerate (GPU) the golden single-sequence runs."""
     from qwen38gen import golden as G
     from qwen38gen.check import update_golden, validate_golden
 
     cols = ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status")
     if update:
-        res, path = update_golden(candidate=candidate)
+        res, path = update_golden(candidate=candidate, folder=golden_dir)
         _outcome_table("golden vs numpy reference", cols, res)
         if path is None:
             err.print("the batch-1 program disagrees with the reference; golden file NOT written")
             sys.exit(1)
         out.print(f"wrote {path}")
         return
-    g = G.load_golden()
+    g = G.load_golden(folder=golden_dir)
     res = validate_golden(g)
-    _outcome_table(f"golden {G.golden_path().name} vs numpy reference (CPU)", cols, res)
+    _outcome_table(f"golden {G.golden_path(folder=golden_dir)} vs numpy reference (CPU)", cols,
+                   res)
     sys.exit(0 if res.ok else 1)
 
 
@@ -412,14 +434,15 @@ def _outcome_table(title, cols, res):
 
 @cli.command()
 @_lanes_options
-def check(**lane_kw):
+@_golden_option
+def check(golden_dir, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
     from qwen38gen.check import check_gpu, validate_golden
     from qwen38gen.runtime import _drv
 
     lanes = _make_lanes(**lane_kw)
-    g = G.load_golden()
+    g = G.load_golden(folder=golden_dir)
     try:
         _drv()
         have_gpu = True

@@ -105,9 +105,10 @@ def validate_golden(g: G.Golden) -> Outcome:
     return out
 
 
-def update_golden(cfg: ModelConfig | None = None,
-                  candidate: Path | None = None) -> tuple[Outcome, Path | None]:
-    """Produce the golden runs with the batch-1 program; write them only if the reference agrees.
+def update_golden(cfg: ModelConfig | None = None, candidate: Path | None = None,
+                  folder: Path | None = None) -> tuple[Outcome, Path | None]:
+    """Produce the golden runs with the batch-1 program; write them only if the reference agrees,
+    into ``folder`` (default: the packaged golden/ folder).
 
     ``candidate``: also write the runs there whatever the outcome (for inspecting a failure)."""
     cfg = cfg or PRESETS[G.MODEL]
@@ -125,7 +126,7 @@ def update_golden(cfg: ModelConfig | None = None,
     out = validate_golden(g)
     if not out.ok:
         return out, None
-    path = G.golden_path(cfg, lanes)
+    path = G.golden_path(cfg, lanes, folder)
     atomic_write(path, g.to_json())
     return out, path
 

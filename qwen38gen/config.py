@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -414,18 +415,15 @@ class ModelConfig:
             )
         del arch
 
-        def need(key):
-            if key not in cfg:
-                raise UserError(f"config {name!r}: missing key {key!r} in the text config")
-            return cfg[key]
-
-        n_layers = need("num_hidden_layers")
-        if not isinstance(n_layers, int) or n_layers <= 0:
-            raise UserError(f"config {name!r}: num_hidden_layers must be a positive integer, got {n_layers!r}")
+        f = _Fields(cfg, name)
+        n_layers = f.integer("num_hidden_layers")
         layer_types = cfg.get("layer_types")
         if layer_types is None:
-            interval = cfg.get("full_attention_interval", 4)
+            interval = f.integer("full_attention_interval", 4)
             layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers)]
+        elif not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+            raise f.wrong("layer_types", layer_types,
+                          f"a list of layer type names ({', '.join(LAYER_TYPES)})")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise UserError(f"config {name!r}: rope_parameters must be a JSON object")
@@ -434,47 +432,50 @@ class ModelConfig:
             raise UserError(
                 f"config {name!r}: rope_type {rope_type!r} is not supported; supported: default"
             )
-        theta = rope.get("rope_theta", cfg.get("rope_theta"))
-        if theta is None:
+        r = _Fields(rope, name, "rope_parameters.")
+        if "rope_theta" in rope:
+            theta = r.number("rope_theta")
+        elif "rope_theta" in cfg:
+            theta = f.number("rope_theta")
+        else:
             raise UserError(f"config {name!r}: missing key 'rope_parameters.rope_theta'")
-        prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
-        rd = int(need("head_dim") * prf)
-        section = rope.get("mrope_section")
-        if section is None:
-            section = [rd // 2]
+        prf = (r.number("partial_rotary_factor") if "partial_rotary_factor" in rope
+               else f.number("partial_rotary_factor", 0.25))
+        head_dim = f.integer("head_dim")
+        if "mrope_section" in rope:
+            section = r.int_list("mrope_section")
+        else:
+            section = [int(head_dim * prf) // 2]
         eos = cfg.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
-        try:
-            return cls(
-                name=name,
-                hidden_size=need("hidden_size"),
-                num_hidden_layers=n_layers,
-                intermediate_size=need("intermediate_size"),
-                vocab_size=need("vocab_size"),
-                num_attention_heads=need("num_attention_heads"),
-                num_key_value_heads=need("num_key_value_heads"),
-                head_dim=need("head_dim"),
-                linear_num_key_heads=need("linear_num_key_heads"),
-                linear_num_value_heads=need("linear_num_value_heads"),
-                linear_key_head_dim=need("linear_key_head_dim"),
-                linear_value_head_dim=need("linear_value_head_dim"),
-                linear_conv_kernel_dim=cfg.get("linear_conv_kernel_dim", 4),
-                layer_types=tuple(layer_types),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta),
-                partial_rotary_factor=float(prf),
-                mrope_section=tuple(section),
-                mtp_num_hidden_layers=int(cfg.get("mtp_num_hidden_layers", 0)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
-                                                 raw.get("tie_word_embeddings", False))),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 262144)),
-                attn_output_gate=bool(cfg.get("attn_output_gate", True)),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_id=eos,
-            )
-        except TypeError as e:  # a non-integer where an integer belongs, and such
-            raise UserError(f"config {name!r}: {e}") from None
+        return cls(
+            name=name,
+            hidden_size=f.integer("hidden_size"),
+            num_hidden_layers=n_layers,
+            intermediate_size=f.integer("intermediate_size"),
+            vocab_size=f.integer("vocab_size"),
+            num_attention_heads=f.integer("num_attention_heads"),
+            num_key_value_heads=f.integer("num_key_value_heads"),
+            head_dim=head_dim,
+            linear_num_key_heads=f.integer("linear_num_key_heads"),
+            linear_num_value_heads=f.integer("linear_num_value_heads"),
+            linear_key_head_dim=f.integer("linear_key_head_dim"),
+            linear_value_head_dim=f.integer("linear_value_head_dim"),
+            linear_conv_kernel_dim=f.integer("linear_conv_kernel_dim", 4),
+            layer_types=tuple(layer_types),
+            rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            partial_rotary_factor=prf,
+            mrope_section=tuple(section),
+            mtp_num_hidden_layers=f.integer("mtp_num_hidden_layers", 0, least=0),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
+                                             raw.get("tie_word_embeddings", False))),
+            max_position_embeddings=f.integer("max_position_embeddings", 262144),
+            attn_output_gate=f.flag("attn_output_gate", True),
+            bos_token_id=f.token_id("bos_token_id"),
+            eos_token_id=_Fields({"eos_token_id": eos}, name).token_id("eos_token_id"),
+        )
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
@@ -489,6 +490,62 @@ class ModelConfig:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"config file {str(p)!r} is not valid JSON: {e}") from None
         return cls.from_hf_dict(raw, name=p.parent.name or p.stem)
+
+
+class _Fields:
+    """Typed reads of an HF config's keys: a wrong type or range is a UserError naming the key,
+    the value as JSON and what is expected; a missing key without a default names the key."""
+
+    _MISSING = object()
+
+    def __init__(self, d: dict, name: str, prefix: str = ""):
+        self.d, self.name, self.prefix = d, name, prefix
+
+    def wrong(self, key: str, v, expected: str) -> UserError:
+        shown = json.dumps(v, default=str)
+        return UserError(f"config {self.name!r}: {self.prefix}{key} is {shown}; "
+                         f"expected {expected}")
+
+    def _get(self, key, default):
+        if key in self.d:
+            return self.d[key]
+        if default is self._MISSING:
+            raise UserError(f"config {self.name!r}: missing key {self.prefix + key!r} in the "
+                            "text config")
+        return default
+
+    def integer(self, key: str, default=_MISSING, least: int = 1) -> int:
+        v = self._get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            raise self.wrong(key, v, "a positive integer" if least == 1
+                             else f"an integer ≥ {least}")
+        return v
+
+    def number(self, key: str, default=_MISSING) -> float:
+        v = self._get(key, default)
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or v <= 0):
+            raise self.wrong(key, v, "a positive number")
+        return float(v)
+
+    def flag(self, key: str, default=_MISSING) -> bool:
+        v = self._get(key, default)
+        if not isinstance(v, bool):
+            raise self.wrong(key, v, "true or false")
+        return v
+
+    def int_list(self, key: str) -> list[int]:
+        v = self._get(key, self._MISSING)
+        if not (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                            and x >= 0 for x in v)):
+            raise self.wrong(key, v, "a list of non-negative integers")
+        return v
+
+    def token_id(self, key: str) -> int | None:
+        v = self.d.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise self.wrong(key, v, "a token id (an integer ≥ 0) or null")
+        return v
 
 
 def _hybrid(n: int, interval: int = 4) -> tuple[str, ...]:

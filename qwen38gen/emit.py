@@ -22,9 +22,9 @@ from .config import ModelConfig
 from .gate import HEADER_END
 from .lanes import Lanes, check_model, lane_name
 from .errors import UserError
+from .resources import kernels_dir
 from . import ops
 
-KERNELS_DIR = Path(os.environ.get("QWEN38_KERNELS", Path(__file__).resolve().parent.parent / "kernels"))
 MANIFEST_FORMAT = 1
 
 
@@ -52,14 +52,16 @@ def inline_headers(headers: list[str]) -> str:
     """Concatenate kernels/*.cuh with their local includes expanded once, in first-use order."""
     seen: set[str] = set()
     parts: list[str] = []
+    kdir = kernels_dir()
 
     def add(name: str):
         if name in seen:
             return
         seen.add(name)
-        path = KERNELS_DIR / name
+        path = kdir / name
         if not path.is_file():
-            raise UserError(f"kernel header {path} is missing; the checkout is incomplete")
+            raise UserError(f"kernel header {path} is missing; reinstall qwen38gen or use a "
+                            "complete checkout")
         body = []
         for line in path.read_text().splitlines():
             m = _INCLUDE.match(line)
@@ -118,25 +120,71 @@ def emit_program(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> Program
     return Program(cfg, lanes, source, manifest)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def umask() -> int:
+    """The process's umask: Linux shows it in /proc/self/status; elsewhere it is set and put
+    back (no call only reads it), which a thread creating a file at that instant could see."""
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _check_target(path: Path) -> None:
+    """Refuse a target that is a folder or lies under a file, naming which."""
+    if path.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: it is a folder; give a file name")
+    for p in path.parents:
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"cannot write {str(path)!r}: {str(p)!r} is a file, not a folder")
+            return
+
+
+def atomic_write_all(files: dict[Path, str]) -> None:
+    """Write each text to a temp file beside its path, then rename them all into place: nothing
+    is half-written, and a failure before the renames leaves no target touched and no temp
+    behind. Files get mode 0o666 less the umask, as open() would give them (mkstemp's is 0600).
+    An unwritable target is a UserError naming it."""
+    mode = 0o666 & ~umask()
+    temps: list[tuple[str, Path]] = []
+    try:
+        for path, text in files.items():
+            _check_target(path)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                temps.append((tmp, path))
+                with os.fdopen(fd, "w") as f:
+                    os.fchmod(f.fileno(), mode)
+                    f.write(text)
+            except OSError as e:
+                raise UserError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+        for tmp, path in temps:
+            os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         raise
 
 
+def atomic_write(path: Path, text: str) -> None:
+    """Write one file atomically (atomic_write_all)."""
+    atomic_write_all({Path(path): text})
+
+
 def write_program(prog: Program, output: Path | None) -> tuple[Path, Path]:
-    """Write FILE.cu and FILE.manifest.json atomically (temp file + rename)."""
+    """Write FILE.cu and FILE.manifest.json together: both to temp files, then both renamed."""
     cu = Path(output) if output else Path(prog.name + ".cu")
     if cu.suffix != ".cu":
         raise UserError(f"output {str(cu)!r} must end in .cu")
     man = cu.with_suffix(".manifest.json")
-    atomic_write(man, json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n")
-    atomic_write(cu, prog.source)
+    atomic_write_all({cu: prog.source,
+                      man: json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n"})
     return cu, man

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .resources import kernels_dir
 
 REGISTER_FILE = 65536
 # sm_90: registers are given out per warp in units of 256 (8 a thread); 228 KiB of shared memory
@@ -79,6 +80,7 @@ class GateResult:
     cached: bool
     kernels: list[KernelResources] = field(default_factory=list)
     loaded: bool | None = None  # True: every manifest entry resolved on a GPU; None: no GPU
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
     @property
     def problems(self) -> list[str]:
@@ -177,8 +179,13 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
     cubin, logf = slot / "program.cubin", slot / "ptxas.log"
     cached = cubin.exists() and logf.exists()
     if not cached:
-        slot.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=slot.parent) as tmp:
+        try:
+            slot.parent.mkdir(parents=True, exist_ok=True)
+            work = tempfile.TemporaryDirectory(dir=slot.parent)
+        except OSError as e:
+            raise UserError(f"the gate's cache folder {str(slot.parent)!r} is not usable "
+                            f"({e.strerror or e}); set QWEN38_CACHE to a writable folder") from None
+        with work as tmp:
             src = Path(tmp) / (Path(name).stem + ".cu")
             src.write_text(source)
             out = Path(tmp) / "program.cubin"
@@ -206,18 +213,79 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
 def compile_kernels(source: str, name: str, arch: str = "sm_90") -> GateResult:
     """compile_source for a translation unit over kernels/ (the sweep scripts' variants): a
     compile error is printed with its log and exits 1."""
-    from .emit import KERNELS_DIR
-
     try:
-        return compile_source(source, name, arch=arch, include_dirs=(str(KERNELS_DIR),))
+        return compile_source(source, name, arch=arch, include_dirs=(str(kernels_dir()),))
     except CompileError as e:
         print(e, file=sys.stderr)
         raise SystemExit(1) from None
 
 
+def _bad_manifest(m: Path, what: str) -> UserError:
+    return UserError(f"manifest {str(m)!r} is malformed ({what}); emit the program again with "
+                     "`qwen38gen emit`, or remove the manifest to gate the .cu alone")
+
+
 def load_manifest(cu_path: Path) -> dict | None:
+    """The manifest beside an emitted .cu (None where there is none), its launch fields checked."""
     m = cu_path.with_suffix(".manifest.json")
-    return json.loads(m.read_text()) if m.exists() else None
+    if not m.exists():
+        return None
+    try:
+        d = json.loads(m.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _bad_manifest(m, f"not readable JSON: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("kernels"), dict):
+        raise _bad_manifest(m, "no \"kernels\" object")
+    arch = d.get("lanes", {}).get("arch") if isinstance(d.get("lanes"), dict) else None
+    if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
+        raise _bad_manifest(m, f"lanes.arch is {json.dumps(arch)}, not an sm_NN arch")
+    for name, k in d["kernels"].items():
+        block = k.get("block") if isinstance(k, dict) else None
+        if not (isinstance(block, list) and len(block) == 3 and all(_count(b, 1) for b in block)):
+            raise _bad_manifest(m, f"kernel {name!r}: block is {json.dumps(block)}, not three "
+                                   "positive integers")
+        for key in ("smem", "resident"):
+            if not _count(k.get(key, 0), 0):
+                raise _bad_manifest(m, f"kernel {name!r}: {key} is {json.dumps(k[key])}, not a "
+                                       "non-negative integer")
+    return d
+
+
+def _count(v, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+_ARCH = re.compile(r"sm_\d+a?")
+_COMPILE_LINE = re.compile(r"^// compile: nvcc -arch=(\S+)", re.M)
+
+
+def header_arch(source: str) -> str | None:
+    """The arch the generated header names (its `// compile: nvcc -arch=...` line), if any."""
+    end = source.find(HEADER_END)
+    m = _COMPILE_LINE.search(source[:end] if end >= 0 else source[:4096])
+    return m.group(1) if m and _ARCH.fullmatch(m.group(1)) else None
+
+
+def read_program(p: Path) -> str:
+    """The text of a .cu to gate; a folder, another kind of file or a binary one is refused."""
+    if p.is_dir():
+        raise UserError(f"{str(p)!r} is a folder; give the emitted .cu files (or --matrix)")
+    if not p.exists():
+        raise UserError(f"no such file {str(p)!r}; emit one with `qwen38gen emit`")
+    if p.suffix != ".cu":
+        beside = (f"; the program of this manifest is {str(p)[:-len('.manifest.json')] + '.cu'!r}"
+                  if p.name.endswith(".manifest.json") else "")
+        raise UserError(f"{str(p)!r} is not a .cu file; the gate compiles the .cu programs "
+                        f"that `qwen38gen emit` writes{beside}")
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        text = None
+    except OSError as e:
+        raise UserError(f"cannot read {str(p)!r}: {e.strerror or e}") from None
+    if text is None or "\0" in text:
+        raise UserError(f"{str(p)!r} is not a text file (binary content); give an emitted .cu")
+    return text
 
 
 def gpu_resolve(result: GateResult, manifest: dict | None) -> bool | None:
@@ -241,14 +309,23 @@ def gpu_resolve(result: GateResult, manifest: dict | None) -> bool | None:
 
 
 def gate_file(path: str | Path, arch: str | None = None) -> GateResult:
-    """Gate one emitted .cu (its manifest beside it gives the launch bounds and the arch)."""
+    """Gate one emitted .cu. Its manifest beside it gives the arch and the launch bounds; without
+    one the arch comes from the header and the result's notes say what was not checked."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"no such file {str(p)!r}; emit one with `qwen38gen emit`")
+    source = read_program(p)
     manifest = load_manifest(p)
-    arch = arch or (manifest or {}).get("lanes", {}).get("arch", "sm_90")
-    res = compile_source(p.read_text(), p.name, arch=arch, manifest=manifest)
-    res.source = str(p)
+    notes = []
+    if arch is None:
+        arch = manifest["lanes"]["arch"] if manifest else header_arch(source)
+    if arch is None:
+        arch = "sm_90"
+        notes.append("no manifest and no `// compile: nvcc -arch=...` header line: compiled "
+                     "for sm_90")
+    if manifest is None:
+        notes.append(f"no manifest beside it ({p.with_suffix('.manifest.json').name}): the "
+                     "launch-bound checks (registers × threads, blocks per SM) were skipped")
+    res = compile_source(source, p.name, arch=arch, manifest=manifest)
+    res.source, res.notes = str(p), notes
     if res.problems:
         raise ResourceError(res)
     res.loaded = gpu_resolve(res, manifest)
@@ -257,4 +334,4 @@ def gate_file(path: str | Path, arch: str | None = None) -> GateResult:
 
 def result_dict(res: GateResult) -> dict:
     return {"source": res.source, "cached": res.cached, "loaded": res.loaded,
-            "kernels": [asdict(k) for k in res.kernels]}
+            "notes": res.notes, "kernels": [asdict(k) for k in res.kernels]}

@@ -20,10 +20,10 @@ from . import __version__
 from .config import PRESETS, ModelConfig
 from .errors import UserError
 from .lanes import DEFAULT_PT, Lanes, lane_name
+from .resources import golden_dir
 
 FORMAT = "qwen38gen-golden"
 VERSION = 1
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 REGENERATE = "qwen38gen golden --update   (on a machine with a GPU)"
 
 MODEL = "tiny"
@@ -63,9 +63,11 @@ def golden_lanes() -> Lanes:
     return Lanes.make(1, pt=DEFAULT_PT, arch="sm_90")
 
 
-def golden_path(cfg: ModelConfig | None = None, lanes: Lanes | None = None) -> Path:
+def golden_path(cfg: ModelConfig | None = None, lanes: Lanes | None = None,
+                folder: Path | None = None) -> Path:
+    """The golden file of (cfg, lanes) in ``folder`` (default: the packaged golden/ folder)."""
     cfg = cfg or PRESETS[MODEL]
-    return GOLDEN_DIR / f"{cfg.name}_{lane_name(lanes or golden_lanes())}.json"
+    return Path(folder or golden_dir()) / f"{cfg.name}_{lane_name(lanes or golden_lanes())}.json"
 
 
 def _digest(seqs: list) -> str:
@@ -90,10 +92,15 @@ class Golden:
         }, indent=0, sort_keys=True) + "\n"
 
 
-def load_golden(path: Path | None = None, cfg: ModelConfig | None = None) -> Golden:
-    """Read and verify a golden file; refuse stale or corrupted data naming the fix."""
+def load_golden(path: Path | None = None, cfg: ModelConfig | None = None,
+                folder: Path | None = None) -> Golden:
+    """Read and verify a golden file (``path``, else the one of ``folder``, else the packaged
+    one); refuse stale, corrupted or malformed data naming the fix."""
     cfg = cfg or PRESETS[MODEL]
-    path = Path(path) if path else golden_path(cfg)
+    if path is None and folder is not None and not Path(folder).is_dir():
+        raise UserError(f"golden folder {str(folder)!r} does not exist or is not a folder; give "
+                        f"the folder that holds {golden_path(cfg, folder=Path('.')).name}")
+    path = Path(path) if path else golden_path(cfg, folder=folder)
     fix = f"regenerate it with: {REGENERATE}"
     if not path.is_file():
         raise UserError(f"golden file {path} is missing; {fix}")
@@ -106,17 +113,59 @@ def load_golden(path: Path | None = None, cfg: ModelConfig | None = None) -> Gol
     if d.get("version") != VERSION:
         raise UserError(f"golden file {path} has format version {d.get('version')}, this qwen38gen "
                         f"reads version {VERSION}; {fix}")
-    if d.get("config_hash") != cfg.hash:
-        raise UserError(f"golden file {path} is stale: config hash {d.get('config_hash')} != "
+    for key in _KEYS:
+        if key not in d:
+            raise UserError(f"golden file {path} lacks the key {key!r}; {fix}")
+    if d["config_hash"] != cfg.hash:
+        raise UserError(f"golden file {path} is stale: config hash {d['config_hash']} != "
                         f"{cfg.hash} of {cfg.name!r}; {fix}")
-    seqs = d.get("sequences")
-    if not isinstance(seqs, list) or d.get("digest") != _digest(seqs):
+    seqs = d["sequences"]
+    if not isinstance(seqs, list) or d["digest"] != _digest(seqs):
         raise UserError(f"golden file {path} is corrupted (payload digest mismatch); {fix}")
-    if [s["prompt"] for s in seqs] != golden_prompts(cfg) or d.get("steps") != STEPS:
-        raise UserError(f"golden file {path} is stale: its prompts or steps differ from this "
-                        f"version's setup; {fix}")
+    want = {"model": MODEL, "lane": golden_lanes().name, "steps": STEPS,
+            "weights": {"kind": "synthetic-int4", "seed": SEED}}
+    for key, v in want.items():
+        if d[key] != v:
+            raise UserError(f"golden file {path} is stale: {key} is {json.dumps(d[key])}, this "
+                            f"version's setup has {json.dumps(v)}; {fix}")
+    for i, s in enumerate(seqs):
+        problem = _sequence_problem(s, cfg)
+        if problem:
+            raise UserError(f"golden file {path} is malformed: sequence {i} {problem}; {fix}")
+    if [s["prompt"] for s in seqs] != golden_prompts(cfg):
+        raise UserError(f"golden file {path} is stale: its prompts differ from this version's "
+                        f"setup; {fix}")
     return Golden(cfg_hash=d["config_hash"], lane=d["lane"], seed=d["weights"]["seed"],
                   steps=d["steps"], sequences=seqs, generator=d.get("generator", "?"))
+
+
+# Every key a golden file must hold (the generator's name is informative only).
+_KEYS = ("model", "config_hash", "lane", "weights", "steps", "digest", "sequences")
+
+
+def _is_id(v, vocab: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab
+
+
+def _sequence_problem(s, cfg: ModelConfig) -> str | None:
+    """What is wrong with one golden sequence ({prompt, tokens, topk}, STEPS of each), or None."""
+    if not isinstance(s, dict):
+        return "is not a JSON object"
+    for key in ("prompt", "tokens", "topk"):
+        if not isinstance(s.get(key), list):
+            return f"lacks the list {key!r}"
+    if len(s["tokens"]) != STEPS or len(s["topk"]) != STEPS:
+        return (f"has {len(s['tokens'])} tokens and {len(s['topk'])} topk rows; both must be "
+                f"steps = {STEPS}")
+    if not all(_is_id(t, cfg.vocab_size) for t in s["prompt"] + s["tokens"]):
+        return f"has a token id outside the vocabulary 0..{cfg.vocab_size - 1}"
+    for r, row in enumerate(s["topk"]):
+        ok = isinstance(row, list) and row and all(
+            isinstance(e, list) and len(e) == 2 and _is_id(e[0], cfg.vocab_size)
+            and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in row)
+        if not ok:
+            return f"topk row {r} is not a non-empty list of [token id, logit] pairs"
+    return None
 
 
 def reference_logits(ref, prompt: list[int], tokens: list[int]):

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .config import ModelConfig, load_config
+from .emit import umask
 from .errors import UserError
 from .weights import (
     DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
@@ -88,6 +89,7 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     if out.absolute() == src.absolute():
         raise UserError(f"output folder {str(out)!r} is the source folder; choose another")
     with atomic_dir(out, overwrite=overwrite) as tmp:
+        tmp.chmod(0o777 & ~umask())   # mkdtemp's 0700: the folder gets what mkdir would give it
         w = ShardWriter(tmp, max_shard_bytes)
         for i, n in enumerate(names, 1):
             a = reader.get(n)
@@ -104,6 +106,8 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
         w.close()
         shutil.copyfile(src / "config.json", tmp / "config.json")
         (tmp / QUANT_JSON).write_text(json.dumps(QUANT_META, indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():   # safetensors writes its shards 0600, whatever the umask
+            f.chmod(0o666 & ~umask())
     return out
 
 

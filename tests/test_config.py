@@ -99,3 +99,44 @@ def test_wrong_model_type():
     d["model_type"] = "llama"
     with pytest.raises(UserError, match="model_type 'llama' is not supported"):
         ModelConfig.from_hf_dict(d)
+
+
+def _without_rope(d, key):
+    d["rope_parameters"].pop(key, None)
+    return d
+
+
+@pytest.mark.parametrize("edit,pattern", [
+    (lambda d: d.update(head_dim="256"), r'head_dim is "256"; expected a positive integer'),
+    (lambda d: d.update(head_dim=[256]), r"head_dim is \[256\]; expected a positive integer"),
+    (lambda d: _without_rope(d, "partial_rotary_factor").update(partial_rotary_factor="0.25"),
+     r'partial_rotary_factor is "0.25"; expected a positive number'),
+    (lambda d: d["rope_parameters"].update(partial_rotary_factor="0.25"),
+     r'rope_parameters.partial_rotary_factor is "0.25"; expected a positive number'),
+    (lambda d: d.update(rms_norm_eps="1e-6"), r'rms_norm_eps is "1e-6"; expected a positive number'),
+    (lambda d: d["rope_parameters"].update(rope_theta="1e7"),
+     r'rope_parameters.rope_theta is "1e7"; expected a positive number'),
+    (lambda d: _without_rope(d, "rope_theta").update(rope_theta=None),
+     r"rope_theta is null; expected a positive number"),
+    (lambda d: d.update(mtp_num_hidden_layers="1"),
+     r'mtp_num_hidden_layers is "1"; expected an integer ≥ 0'),
+    (lambda d: d.update(max_position_embeddings="262144"),
+     r'max_position_embeddings is "262144"; expected a positive integer'),
+    (lambda d: d.pop("layer_types") and d.update(full_attention_interval=0),
+     r"full_attention_interval is 0; expected a positive integer"),
+    (lambda d: d.pop("layer_types") and d.update(full_attention_interval="4"),
+     r'full_attention_interval is "4"; expected a positive integer'),
+    (lambda d: d.update(layer_types=8),
+     r"layer_types is 8; expected a list of layer type names \(linear_attention, full_attention\)"),
+    (lambda d: d.update(attn_output_gate="yes"), r'attn_output_gate is "yes"; expected true or false'),
+    (lambda d: d["rope_parameters"].update(mrope_section=[11, "11", 10]),
+     r'rope_parameters.mrope_section is \[11, "11", 10\]; expected a list of non-negative integers'),
+    (lambda d: d.update(eos_token_id=-1), r"eos_token_id is -1; expected a token id"),
+])
+def test_mistyped_keys_name_the_key_and_the_value(edit, pattern):
+    """Each mistyped or out-of-range key of an HF config is one UserError naming the key, its
+    value as JSON and what is expected (tracebacks before: int('256' * 0.25) and such)."""
+    d = PRESETS["tiny"].to_hf_dict()
+    edit(d)
+    with pytest.raises(UserError, match=r"^config 'hf': " + pattern):
+        ModelConfig.from_hf_dict(d)

@@ -39,6 +39,7 @@ def test_sk16_has_the_cw3_pp1_configs(monkeypatch):
     assert ("s", 4, 6, 0, 1) in gs.SWEEP[2][1]   # kept: the serialized build version 18 timed
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_sk16_build_marks_serialized_instances(monkeypatch, tmp_path):
     gs = _sweep(monkeypatch, "sk16")

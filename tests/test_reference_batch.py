@@ -157,7 +157,7 @@ def test_bad_inputs():
 
 # ------------------------------------------------------------------------------- chunked prefill
 
-@pytest.mark.parametrize("name", ["tiny", "toy"])
+@pytest.mark.parametrize("name", [pytest.param("tiny", marks=pytest.mark.slow), "toy"])
 def test_chunked_prefill_equals_whole(name):
     # Not bitwise: a chunk of T rows multiplies [T, in] by the weights, and BLAS picks its kernel
     # and summation order by shape (gemv for T = 1, blocked gemm otherwise), and the attention

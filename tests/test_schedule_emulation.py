@@ -28,8 +28,10 @@ def setup():
     return cfg, t, Reference(cfg, int4_weights(cfg, t), dtype=np.float64)
 
 
-@pytest.mark.parametrize("B,pt,btg", [(3, 4, None), (2, 16, None), (40, 4, 64), (1, 4, None),
-                                      (16, 4, None)])
+@pytest.mark.parametrize("B,pt,btg", [(3, 4, None), (2, 16, None),
+                                      pytest.param(40, 4, 64, marks=pytest.mark.slow),
+                                      (1, 4, None),
+                                      pytest.param(16, 4, None, marks=pytest.mark.slow)])
 def test_schedule_matches_reference(setup, B, pt, btg):
     """(40, 4, 64): batch tiles of 64 rows with 40 real, where the down projection's wgmma_q4
     reads the SwiGLU output in tile order (XT = 1). B = 1 and 16: gate_up with SwiGLU in its
@@ -39,6 +41,7 @@ def test_schedule_matches_reference(setup, B, pt, btg):
     _check_against_reference(cfg, t, ref, man, B, pt, btg)
 
 
+@pytest.mark.slow
 def test_schedule_with_wgmma_sk_matches_reference(setup, monkeypatch):
     """QWEN38_WGMMA_SK=all (how `check` locks wgmma_sk_q4 on the tiny model): every tile-order
     GEMV is a wgmma_sk_q4 launch, with its scratch arguments and one block per SM; the
@@ -103,7 +106,8 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     assert errs["conv"] > 1e-3 and errs["v"] > 1e-6, errs
 
 
-@pytest.mark.parametrize("B", [16, 9, 1, 3])
+@pytest.mark.parametrize("B", [pytest.param(16, marks=pytest.mark.slow),
+                               pytest.param(9, marks=pytest.mark.slow), 1, 3])
 def test_schedule_with_sk16_matches_reference(setup, monkeypatch, B):
     """QWEN38_SK16 / QWEN38_SK8 (version 22) over every shape kind: at 16- and 8-row tiles each
     GEMV is a wgmma_sk_q4 launch (store, residual add, and SwiGLU into the down projection's

@@ -57,7 +57,7 @@ def test_mtp_program_wiring():
     assert man["weights"]["M.fc"]["k"] == 2 * cfg.hidden_size
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_spec_natural_drafts(setup, k):
     cfg, t, ref, prompts, want = setup
     man, emu = emu_for(cfg, t, k, prompts)
