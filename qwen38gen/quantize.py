@@ -9,15 +9,17 @@ reference.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from .config import ModelConfig, load_config
+from .config import EMBED, LM_HEAD, ModelConfig, load_config
 from .errors import UserError
 from .weights import (
     DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
@@ -53,6 +55,37 @@ class QuantizedTensor:
         return dequantize(self.qweight, self.scales, self.shape)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while active, so a ``kill`` cleans up the temp folder the
+    way Ctrl-C does (``atomic_dir`` removes it on any exception). Main thread only; elsewhere a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def written_config(src: Path, mtp: bool) -> str:
+    """The source's config.json text, with ``mtp_num_hidden_layers`` 0 when MTP is left out
+    (in ``text_config`` where the file has one), so the folder says what it holds."""
+    text = (src / "config.json").read_text()
+    if mtp:
+        return text
+    raw = json.loads(text)
+    cfg = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    cfg["mtp_num_hidden_layers"] = 0
+    return json.dumps(raw, indent=2) + "\n"
+
+
 def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                         progress: Callable[[int, int, str], None] | None = None,
                         max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
@@ -60,10 +93,14 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     """Quantize the HF checkpoint in ``src_dir`` into ``out_dir`` (FORMAT.md "Files").
 
     The config comes from ``src_dir/config.json``; the checkpoint is validated against it first
-    (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written).
-    Only the text tensors of the config are written (vision tensors are skipped).
-    ``progress(done, total, name)`` is called after each tensor. Atomic: written into a temp
-    folder next to ``out_dir`` and renamed; an existing non-empty ``out_dir`` is refused unless
+    (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written, and the
+    written config says ``mtp_num_hidden_layers: 0``). Both tensor spellings are read
+    (``model.layers.*`` of Qwen3_5ForCausalLM, ``model.language_model.*`` of the released
+    checkpoints); the output uses the released one. Only the text tensors of the config are
+    written (vision tensors are skipped). A tied config (``tie_word_embeddings``) gets its int4
+    ``lm_head`` from ``embed_tokens``. ``progress(done, total, name)`` is called after each
+    tensor. Atomic: written into a temp folder next to ``out_dir`` and renamed (also on SIGTERM
+    and Ctrl-C the temp folder is removed); an existing non-empty ``out_dir`` is refused unless
     ``overwrite``. Returns ``out_dir``.
     """
     src = Path(src_dir)
@@ -74,12 +111,12 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     cfg = load_config(src)
     reader = CheckpointReader(src)
     check_tensors(cfg, reader, mtp=mtp)
-    mtp_names = set(cfg.mtp_shapes())
-    names = [n for n in cfg.tensor_shapes(mtp=True)
-             if n in reader and (mtp or n not in mtp_names)]
+    shapes = cfg.tensor_shapes(mtp=mtp and bool(cfg.mtp_num_hidden_layers))
+    # name to write -> name to read (a tied lm_head reads the embedding)
+    plan = {n: (EMBED if cfg.tie_word_embeddings and n == LM_HEAD else n) for n in shapes}
+    plan = {n: r for n, r in plan.items() if r in reader}
     # Fail on K % 128 before any work is done.
-    shapes = cfg.tensor_shapes(mtp=True)
-    for n in names:
+    for n in plan:
         if cfg.is_int4(n, shapes[n]) and shapes[n][1] % 128:
             raise UserError(f"tensor {n!r} has shape {list(shapes[n])}: int4 g128 needs K (the "
                             f"input dimension, {shapes[n][1]}) to be a multiple of 128; "
@@ -87,10 +124,13 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     out = Path(out_dir)
     if out.absolute() == src.absolute():
         raise UserError(f"output folder {str(out)!r} is the source folder; choose another")
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    meta = dict(QUANT_META)
+    if cfg.tie_word_embeddings:
+        meta["lm_head"] = f"tied: int4 of {EMBED}"
+    with sigterm_as_interrupt(), atomic_dir(out, overwrite=overwrite) as tmp:
         w = ShardWriter(tmp, max_shard_bytes)
-        for i, n in enumerate(names, 1):
-            a = reader.get(n)
+        for i, (n, rn) in enumerate(plan.items(), 1):
+            a = reader.get(rn)
             if cfg.is_int4(n, a.shape):
                 qw, st = quantize_pack(a, n)
                 b = _base(n)
@@ -100,10 +140,10 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                 w.add({n: a})
             del a
             if progress is not None:
-                progress(i, len(names), n)
+                progress(i, len(plan), n)
         w.close()
-        shutil.copyfile(src / "config.json", tmp / "config.json")
-        (tmp / QUANT_JSON).write_text(json.dumps(QUANT_META, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(written_config(src, mtp))
+        (tmp / QUANT_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 

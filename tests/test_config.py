@@ -58,7 +58,7 @@ def test_interval_instead_of_layer_types(tmp_path):
 
 
 def test_unknown_preset():
-    with pytest.raises(UserError, match=r"unknown model 'qwen9'.*presets are qwen3.8-27b, tiny, toy"):
+    with pytest.raises(UserError, match=r"unknown model 'qwen9'.*presets are qwen3.8-27b, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b, qwen3.5-9b, tiny, toy"):
         load_config("qwen9")
 
 
