@@ -139,9 +139,32 @@ def quantize(model_dir, out_dir, overwrite, no_mtp):
         def progress(done, total, name):
             prog.update(task, completed=done, total=total, tensor=name)
 
+        report: dict = {}
         quantize_checkpoint(model_dir, out_dir, progress=progress, overwrite=overwrite,
-                            mtp=not no_mtp)
+                            mtp=not no_mtp, report_to=report)
+    if report:
+        _print_import(report)
     out.print(f"wrote {out_dir}")
+
+
+def _print_import(rep: dict) -> None:
+    """What an import of a pre-quantized checkpoint took from it and what it quantized here."""
+    got, here = rep["from_checkpoint"], rep["quantized_here"]
+    out.print(f"imported {rep['source_method']} int4: {len(got)} linear weights from the "
+              f"checkpoint (codes exact, {rep['source_scale_dtype'] or 'no'} scales), "
+              f"{len(here)} quantized here (int4 g128 of their float weights)")
+    if rep["source_scale_dtype"] not in ("", "bfloat16"):
+        out.print(f"scales converted to bf16: largest relative change of any weight "
+                  f"{rep['max_rel_weight_change']:.3e}")
+    import re
+    from collections import Counter
+
+    for title, names in (("from the checkpoint", got), ("quantized here", here)):
+        if names:  # one line per tensor kind, layers folded (the full list: quantization.json)
+            kinds = Counter(re.sub(r"\.layers\.\d+\.", ".layers.*.", n) for n in names)
+            out.print(f"{title}:", markup=False)
+            for k, c in kinds.items():
+                out.print(f"  {k} ×{c}", markup=False)
 
 
 # ------------------------------------------------------------------------------------ generate

@@ -21,6 +21,9 @@ import numpy as np
 
 from .config import EMBED, LM_HEAD, ModelConfig, load_config
 from .errors import UserError
+from .importer import (
+    check_quant_config, check_sources, has_source, import_tensors, read_quant_config,
+)
 from .weights import (
     DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
     check_packed, dequantize, quantize_pack,
@@ -76,21 +79,30 @@ def sigterm_as_interrupt():
 
 def written_config(src: Path, mtp: bool) -> str:
     """The source's config.json text, with ``mtp_num_hidden_layers`` 0 when MTP is left out
-    (in ``text_config`` where the file has one), so the folder says what it holds."""
+    (in ``text_config`` where the file has one), so the folder says what it holds, and without
+    a source ``quantization_config`` (the folder's format is in quantization.json)."""
     text = (src / "config.json").read_text()
-    if mtp:
-        return text
     raw = json.loads(text)
     cfg = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
-    cfg["mtp_num_hidden_layers"] = 0
+    if mtp and "quantization_config" not in raw and "quantization_config" not in cfg:
+        return text
+    if not mtp:
+        cfg["mtp_num_hidden_layers"] = 0
+    raw.pop("quantization_config", None)
+    cfg.pop("quantization_config", None)
     return json.dumps(raw, indent=2) + "\n"
 
 
 def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                         progress: Callable[[int, int, str], None] | None = None,
                         max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
-                        mtp: bool = True) -> Path:
+                        mtp: bool = True, report_to: dict | None = None) -> Path:
     """Quantize the HF checkpoint in ``src_dir`` into ``out_dir`` (FORMAT.md "Files").
+
+    A checkpoint already in int4 (``quantization_config`` in its config.json: GPTQ or
+    compressed-tensors pack-quantized) is imported instead (``importer.import_tensors``): its
+    codes carry over, its linear weights kept in bf16 are quantized here, and
+    ``quantization.json`` lists which is which (also copied into ``report_to`` when given).
 
     The config comes from ``src_dir/config.json``; the checkpoint is validated against it first
     (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written, and the
@@ -109,12 +121,18 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     if not (src / "config.json").is_file():
         raise UserError(f"checkpoint folder {str(src)!r} has no config.json")
     cfg = load_config(src)
+    qconf = read_quant_config(json.loads((src / "config.json").read_text()))
+    if qconf is not None:
+        check_quant_config(qconf)
     reader = CheckpointReader(src)
-    check_tensors(cfg, reader, mtp=mtp)
+    if qconf is None:
+        check_tensors(cfg, reader, mtp=mtp)
+    else:
+        check_sources(cfg, reader, mtp=mtp)
     shapes = cfg.tensor_shapes(mtp=mtp and bool(cfg.mtp_num_hidden_layers))
     # name to write -> name to read (a tied lm_head reads the embedding)
     plan = {n: (EMBED if cfg.tie_word_embeddings and n == LM_HEAD else n) for n in shapes}
-    plan = {n: r for n, r in plan.items() if r in reader}
+    plan = {n: r for n, r in plan.items() if has_source(cfg, reader, r, shapes[n])}
     # Fail on K % 128 before any work is done.
     for n in plan:
         if cfg.is_int4(n, shapes[n]) and shapes[n][1] % 128:
@@ -129,6 +147,10 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
         meta["lm_head"] = f"tied: int4 of {EMBED}"
     with sigterm_as_interrupt(), atomic_dir(out, overwrite=overwrite) as tmp:
         w = ShardWriter(tmp, max_shard_bytes)
+        if qconf is not None:
+            report = import_tensors(cfg, reader, qconf, plan, shapes, w.add, progress)
+            meta.update(report.to_dict())
+            plan = {}
         for i, (n, rn) in enumerate(plan.items(), 1):
             a = reader.get(rn)
             if cfg.is_int4(n, a.shape):
@@ -144,6 +166,8 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
         w.close()
         (tmp / "config.json").write_text(written_config(src, mtp))
         (tmp / QUANT_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    if report_to is not None and qconf is not None:
+        report_to.update(meta)
     return out
 
 
