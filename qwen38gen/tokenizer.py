@@ -67,6 +67,7 @@ class Tokenizer:
             raise UserError(f"model folder {str(self.model_dir)!r} has no chat template "
                             "(chat_template in tokenizer_config.json or chat_template.jinja)")
         import jinja2
+        import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
