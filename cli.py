@@ -45,20 +45,25 @@ def cli():
 
 # ---------------------------------------------------------------------------------------- info
 @cli.command()
-@click.argument("model", default="qwen3.8-27b")
+@click.argument("model", required=False)
+@click.option("--model", "model_opt", default=None,
+              help="Preset, config.json or checkpoint folder (the same as the MODEL argument).")
 @click.option("--ctx", default=1024, show_default=True, help="Context length T for the floor.")
 @click.option("--bandwidth", default=4.149e12, show_default=True,
               help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
 @click.option("--list", "list_presets", is_flag=True,
               help="List the presets (the published Qwen3.5 dense sizes and the test models).")
-def info(model, ctx, bandwidth, list_presets):
-    """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL."""
-    from qwen38gen.config import load_config
+def info(model, model_opt, ctx, bandwidth, list_presets):
+    """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL
+    (default qwen3.8-27b)."""
+    from qwen38gen.config import resolve_model
 
     if list_presets:
         _print_presets()
         return
-    cfg = load_config(model)
+    if model is not None and model_opt is not None and model != model_opt:
+        raise UserError(f"info got MODEL {model!r} and --model {model_opt!r}; give one")
+    cfg = resolve_model(model or model_opt or "qwen3.8-27b").config
     t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -115,20 +120,30 @@ def _print_presets() -> None:
 
 # ------------------------------------------------------------------------------------ quantize
 @cli.command()
-@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--model", "model_opt", type=click.Path(path_type=Path), default=None,
+              help="The checkpoint folder (the same as the MODEL_DIR argument).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Folder to write the packed int4 model into (must not exist or be empty).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--no-mtp", "no_mtp", is_flag=True,
               help="Leave the MTP layer out (for a checkpoint without mtp.* tensors, such as "
                    "one saved by Qwen3_5ForCausalLM).")
-def quantize(model_dir, out_dir, overwrite, no_mtp):
-    """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor."""
+def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
+    """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor.
+    A GPTQ or compressed-tensors int4 checkpoint is imported (its codes kept)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from qwen38gen.config import load_config
     from qwen38gen.quantize import quantize_checkpoint
 
+    if model_dir is None and model_opt is None:
+        raise UserError("quantize needs the checkpoint folder: qwen38gen quantize DIR -o OUT "
+                        "(or --model DIR)")
+    if model_dir is not None and model_opt is not None and model_dir != model_opt:
+        raise UserError(f"quantize got MODEL_DIR {str(model_dir)!r} and --model "
+                        f"{str(model_opt)!r}; give one")
+    model_dir = model_dir or model_opt
     if not model_dir.is_dir():
         raise UserError(f"checkpoint folder {str(model_dir)!r} does not exist or is not a folder")
     load_config(model_dir)  # a bad config.json fails here, before the progress bar starts
@@ -224,7 +239,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
     """Greedy generation with the numpy reference (the oracle), on CPU."""
     import numpy as np
 
-    from qwen38gen.config import DEFAULT_PRESET, load_config
+    from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
     from qwen38gen.quantize import int4_weights, load_any
     from qwen38gen.reference import Reference
     from qwen38gen.weights import synthetic_weights
@@ -236,15 +251,18 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
     if weights_dir is not None and not (weights_dir / "config.json").is_file():
         raise UserError(f"--weights {str(weights_dir)!r} is not a checkpoint folder with a "
                         "config.json")
-    cfg = load_config(model if model is not None else (weights_dir or DEFAULT_PRESET))
-    if weights_dir is not None and model is not None:
+    resolved = resolve_model(model if model is not None else (weights_dir or DEFAULT_PRESET))
+    cfg = resolved.config
+    if weights_dir is None and resolved.has_weights:   # --model DIR: a checkpoint folder
+        weights_dir = resolved.model_dir
+    elif weights_dir is not None and model is not None:
         own = load_config(weights_dir)
         if own.hash != cfg.hash:
             raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
                             f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model out "
                             "to use the folder's config.json")
     tok = None
-    tok_dir = weights_dir or (Path(model) if model is not None and Path(model).is_dir() else None)
+    tok_dir = weights_dir or resolved.model_dir
     if tok_dir is not None and (prompts or chat):
         from qwen38gen.tokenizer import load_tokenizer
 

@@ -597,3 +597,36 @@ def load_config(spec: str | Path) -> ModelConfig:
         f"unknown model {s!r}: not a preset and no such file; presets are {', '.join(PRESETS)}, "
         "or pass a config.json / model folder"
     )
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a ``--model`` argument names: the geometry, and the folder that holds the
+    checkpoint (weights, tokenizer) when it names one (None for a preset)."""
+
+    config: ModelConfig
+    model_dir: Path | None
+
+    @property
+    def has_weights(self) -> bool:
+        d = self.model_dir
+        return d is not None and ((d / "model.safetensors").is_file()
+                                  or (d / "model.safetensors.index.json").is_file())
+
+
+def resolve_model(spec: str | Path) -> ResolvedModel:
+    """A ``--model`` argument: a preset name, a config.json, or a checkpoint folder holding one
+    (an HF checkpoint or a ``qwen38gen quantize`` output). A config.json's folder counts as the
+    model folder. Raises UserError naming what is wrong."""
+    s = str(spec)
+    if s in PRESETS:
+        return ResolvedModel(PRESETS[s], None)
+    p = Path(s)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"model folder {s!r} has no config.json; pass a preset "
+                            f"({', '.join(PRESETS)}), a config.json or a checkpoint folder")
+        return ResolvedModel(ModelConfig.from_json_file(p), p)
+    if p.is_file():
+        return ResolvedModel(ModelConfig.from_json_file(p), p.parent)
+    return ResolvedModel(load_config(s), None)   # raises the unknown-model error

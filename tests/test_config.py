@@ -99,3 +99,23 @@ def test_wrong_model_type():
     d["model_type"] = "llama"
     with pytest.raises(UserError, match="model_type 'llama' is not supported"):
         ModelConfig.from_hf_dict(d)
+
+
+def test_resolve_model_takes_a_preset_a_config_json_or_a_folder(tmp_path):
+    from qwen38gen.config import resolve_model
+
+    r = resolve_model("tiny")
+    assert r.config is PRESETS["tiny"] and r.model_dir is None and not r.has_weights
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(PRESETS["toy"].to_hf_dict()))
+    for spec in (d, d / "config.json", str(d)):
+        r = resolve_model(spec)
+        assert r.config.hash == PRESETS["toy"].hash and r.model_dir == d and not r.has_weights
+    (d / "model.safetensors").write_bytes(b"")
+    assert resolve_model(d).has_weights
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"model folder '.*empty' has no config.json; pass a preset"):
+        resolve_model(tmp_path / "empty")
+    with pytest.raises(UserError, match=r"unknown model 'nope'"):
+        resolve_model("nope")

@@ -179,3 +179,22 @@ def test_generate_weights_reads_the_folders_config(tmp_path):
     assert "toy" in r.stdout
     r = cli("generate", "--weights", tmp_path / "toy", "--model", "tiny", check=False)
     assert r.returncode == 2 and "is not the geometry of --weights" in r.stderr
+
+
+def test_model_dir_on_info_quantize_and_generate(tmp_path):
+    """--model DIR names a checkpoint folder on info, quantize and generate; generate --model DIR
+    runs on the folder's weights (the same tokens as --weights DIR)."""
+    from qwen38gen.weights import save_checkpoint, synthetic_weights
+
+    cfg = PRESETS["tiny"]
+    src, q = tmp_path / "src", tmp_path / "q"
+    save_checkpoint(cfg, synthetic_weights(cfg, 1), src)
+    assert f"config hash {cfg.hash}" in cli("info", "--model", src).stdout
+    cli("quantize", "--model", src, "-o", q)
+    a = cli("generate", "--model", q, "--prompt-ids", "1,2,3", "--steps", 3).stdout
+    b = cli("generate", "--weights", q, "--prompt-ids", "1,2,3", "--steps", 3).stdout
+    c = cli("generate", "--model", "tiny", "--prompt-ids", "1,2,3", "--steps", 3).stdout
+    row = lambda s: [ln for ln in s.splitlines() if "1,2,3" in ln][0]  # noqa: E731
+    assert row(a) == row(b) and row(a) != row(c)
+    r = cli("quantize", "-o", q, check=False)
+    assert r.returncode == 2 and "quantize needs the checkpoint folder" in r.stderr
