@@ -272,6 +272,11 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
     ids = [_parse_ids(p) for p in prompt_ids]
     for p in prompts:
         if tok is None:   # no tokenizer: ids, written with commas (never "1 2 3" -> 123)
+            if any(not (c.isdigit() or c in ", -") for c in p):
+                where = f"{str(tok_dir)!r} has" if tok_dir is not None else "synthetic weights have"
+                raise UserError(f"--prompt {p!r} is not a comma-separated list of token ids, and "
+                                f"{where} no tokenizer.json to read it as text; give a model folder "
+                                "with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
             ids.append(_parse_ids(p, "--prompt"))
         else:
             text = tok.render_chat([{"role": "user", "content": p}]) if chat else p

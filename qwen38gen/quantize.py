@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ FORMAT_NAME = "qwen38gen-int4-g128-tile16x64"
 FORMAT_VERSION = 1
 QUANT_JSON = "quantization.json"
 QUANT_META = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "group_size": 128}
+
+# The tokenizer's and generation's files, copied from the source folder as they are.
+TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+              "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 # NAME.weight -> NAME.qweight / NAME.scales / NAME.shape
 _SUFFIXES = ("qweight", "scales", "shape")
@@ -165,6 +170,9 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                 progress(i, len(plan), n)
         w.close()
         (tmp / "config.json").write_text(written_config(src, mtp))
+        for f in TEXT_FILES:  # the tokenizer travels with the weights (`generate --prompt TEXT`)
+            if (src / f).is_file():
+                shutil.copyfile(src / f, tmp / f)
         (tmp / QUANT_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     if report_to is not None and qconf is not None:
         report_to.update(meta)

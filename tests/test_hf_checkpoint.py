@@ -120,6 +120,7 @@ def test_hf_saved_checkpoint_quantizes_generates_and_emulates(tmp_path, tied, mt
     got = np.array(rows)
     last = want[[min(c + pt, len(prompt)) - 1 for c in range(0, len(prompt), pt)]]
     err = np.linalg.norm(got - last, axis=-1) / np.linalg.norm(last, axis=-1)
+    print(f"emulator vs HF fp32, tied={tied}, mtp={mtp}: max row rel error {err.max():.3g}")
     assert err.max() <= TOL, err
 
 

@@ -136,3 +136,18 @@ def test_small_twin_schedule_matches_reference(twin, B, pt, btg):
     cfg, t, ref = twin
     man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt)).manifest
     emulate_against_reference(cfg, t, ref, man, B, pt, seed=B * 100 + pt)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("size", ["0.8B", "2B", "4B", "9B"])
+def test_published_size_passes_the_gate(size, tmp_path, monkeypatch):
+    """One program of each real size (B = 16) compiles with no spills or stack frames."""
+    from qwen38gen import gate as G
+    from qwen38gen.emit import write_program
+
+    monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
+    prog = emit_program(PRESETS[PUBLISHED[size]], Lanes.make(16))
+    cu, _ = write_program(prog, tmp_path / "p.cu")
+    res = G.gate_file(cu)
+    assert not res.problems and {k.name for k in res.kernels} == set(prog.manifest["kernels"])

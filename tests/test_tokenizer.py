@@ -204,3 +204,25 @@ def test_full_qwen35_vocabulary(tmp_path):
     assert ids == ref.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
                              "<think>\n\n</think>\n\n")
     assert ids[0] == 248045 and ids[-6:-2] != []
+
+
+def test_quantize_carries_the_tokenizer_and_text_without_one_is_named(tmp_path):
+    import dataclasses
+
+    from qwen38gen.config import PRESETS
+    from qwen38gen.weights import save_checkpoint, synthetic_weights
+
+    cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=300)
+    src = tmp_path / "src"
+    save_checkpoint(cfg, synthetic_weights(cfg, 2), src)
+    small_model_dir(src)
+    r = subprocess.run([sys.executable, "-m", "cli", "quantize", str(src), "-o",
+                        str(tmp_path / "q")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / "q" / f).read_bytes() == (src / f).read_bytes()
+    assert load_tokenizer(tmp_path / "q").encode("Hello") == load_tokenizer(src).encode("Hello")
+    r = subprocess.run([sys.executable, "-m", "cli", "generate", "--prompt", "Hello world"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and ("error: --prompt 'Hello world' is not a comma-separated list of "
+                                  "token ids, and synthetic weights have no tokenizer.json") in r.stderr
