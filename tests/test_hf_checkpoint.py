@@ -25,6 +25,7 @@ from qwen38gen.config import DECODER, LM_HEAD, PRESETS, _hybrid
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
 from qwen38gen.quantize import dequantized_weights, load_quantized
+from qwen38gen.reference import Reference
 from qwen38gen.weights import synthetic_tensor
 from tests.schedule_emu import Emu
 
@@ -107,7 +108,13 @@ def test_hf_saved_checkpoint_quantizes_generates_and_emulates(tmp_path, tied, mt
     g = cli("generate", "--weights", q, "--prompt-ids", ",".join(map(str, prompt)), "--steps", 3)
     assert "reference greedy generation" in g.stdout
     # the emulated program on the quantized folder against HF on the dequantized weights
-    want = hf_logits(qcfg, dequantized_weights(loaded), prompt)
+    deq = dequantized_weights(loaded)
+    want = hf_logits(qcfg, deq, prompt)
+    # ... and the numpy reference (what generate runs) on them, every prompt row
+    ref = Reference(qcfg, deq, dtype=np.float64)
+    ref_lg, _ = ref.prefill(ref.new_state(1), [prompt])
+    ref_err = np.linalg.norm(ref_lg[0] - want, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert ref_err.max() <= TOL, ref_err
     B, pt = 1, 4
     man = emit_program(qcfg, Lanes.make(B, pt=pt)).manifest
     emu = Emu(man, qcfg, loaded, tmax=64)
