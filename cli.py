@@ -211,8 +211,8 @@ def _check_reference_fits(cfg, what: str) -> None:
     need = cfg.text_params * 6 + cfg.mtp_params * 6
     have = _memory_available()
     if have is not None and need > have:
-        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory for "
-                        f"the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
+        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory "
+                        f"for the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
                         f"their source); {have / 1e9:.0f} GB is available. Use a smaller model "
                         "(e.g. --model tiny, or `qwen38gen info --list`)")
 
@@ -259,8 +259,8 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
         own = load_config(weights_dir)
         if own.hash != cfg.hash:
             raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
-                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model out "
-                            "to use the folder's config.json")
+                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model "
+                            "out to use the folder's config.json")
     tok = None
     tok_dir = weights_dir or resolved.model_dir
     if tok_dir is not None and (prompts or chat):
@@ -274,9 +274,9 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
         if tok is None:   # no tokenizer: ids, written with commas (never "1 2 3" -> 123)
             if any(not (c.isdigit() or c in ", -") for c in p):
                 where = f"{str(tok_dir)!r} has" if tok_dir is not None else "synthetic weights have"
-                raise UserError(f"--prompt {p!r} is not a comma-separated list of token ids, and "
-                                f"{where} no tokenizer.json to read it as text; give a model folder "
-                                "with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
+                raise UserError(f"--prompt {p!r} is not a comma-separated list of token ids, "
+                                f"and {where} no tokenizer.json to read it as text; give a model "
+                                "folder with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
             ids.append(_parse_ids(p, "--prompt"))
         else:
             text = tok.render_chat([{"role": "user", "content": p}]) if chat else p

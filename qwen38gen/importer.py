@@ -21,8 +21,9 @@ quantize from the bf16 checkpoint:
   scale into a product with one ``lop3`` and a bf16 multiply (FORMAT.md "Tiles"), another scale
   type is a new kernel variant in every GEMV family, which this change does not own and could
   not verify on a GPU. bf16 keeps fp16's whole range (no overflow or underflow) with 8 bits of
-  precision instead of 11, so a weight moves by at most 2⁻⁸ of itself (half a bf16 ulp); the import measures and
-  reports the largest relative change of any weight (``ImportReport.max_rel_change``).
+  precision instead of 11, so a weight moves by at most 2⁻⁸ of itself (half a bf16 ulp); the
+  import measures and reports the largest relative change of any weight
+  (``ImportReport.max_rel_change``).
 
 A linear weight the checkpoint keeps in bf16 (Qwen's ``Qwen3.5-27B-GPTQ-Int4`` keeps the
 attention and Gated DeltaNet projections so, through its ``dynamic`` map; a tied or unquantized
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np

