@@ -231,11 +231,14 @@ def _check_reference_fits(cfg, what: str) -> None:
 @click.option("--prompt-ids", "prompt_ids", multiple=True,
               help="Token ids, comma-separated (e.g. 1,2,3); repeat for a batch.")
 @click.option("--chat", is_flag=True, help="Wrap each --prompt in the model's chat template.")
+@click.option("--think", is_flag=True, help="With --chat: the template's thinking mode "
+                                           "(enable_thinking; off by default).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence ids.")
 @click.option("--steps", default=8, show_default=True, help="Greedy decode steps.")
 @click.option("--int4", "use_int4", is_flag=True, help="Quantize the synthetic weights to int4 "
                                                       "first (the q4 program's oracle).")
-def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, steps, use_int4):
+def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_eos, steps,
+             use_int4):
     """Greedy generation with the numpy reference (the oracle), on CPU."""
     import numpy as np
 
@@ -279,7 +282,8 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, ignore_eos, st
                                 "folder with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
             ids.append(_parse_ids(p, "--prompt"))
         else:
-            text = tok.render_chat([{"role": "user", "content": p}]) if chat else p
+            msgs = [{"role": "user", "content": p}]
+            text = tok.render_chat(msgs, enable_thinking=think) if chat else p
             ids.append(tok.encode(text))
     if not ids:
         ids = [[1, 2, 3, 4, 5]]

@@ -136,6 +136,10 @@ def test_generate_prints_text_with_the_models_tokenizer(tmp_path):
     out = gen("--prompt", "Hello world", "--chat")
     chat_ids = t.encode(t.render_chat([{"role": "user", "content": "Hello world"}]))
     assert ",".join(map(str, chat_ids)) in out
+    out = gen("--prompt", "Hello world", "--chat", "--think")
+    think_ids = t.encode(t.render_chat([{"role": "user", "content": "Hello world"}],
+                                       enable_thinking=True))
+    assert think_ids != chat_ids and ",".join(map(str, think_ids)) in out
 
 
 # ------------------------------------------------------------------ the full Qwen3.5 vocabulary
