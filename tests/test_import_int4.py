@@ -307,3 +307,35 @@ def test_own_quantizer_codes_are_in_the_gptq_range():
     back = gptq_dequant(t, v1=True)
     assert np.array_equal(back, (codes * np.repeat(s.astype(np.float16).astype(np.float64),
                                                    128, 1)))
+
+
+def test_import_names_a_float_tensor_of_the_wrong_dtype_or_shape(tmp_path):
+    norm = "model.language_model.layers.0.input_layernorm.weight"
+    gptq_checkpoint(tmp_path / "g", v1=False)
+    f = tmp_path / "g" / "model.safetensors"
+    t = stn.load_file(str(f))
+    t[norm] = np.zeros(512, np.int32)
+    stn.save_file(t, str(f), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=r"tensor 'model.language_model.layers.0.input_layernorm"
+                                        r".weight' is I32 \[512\], expected a float type \[512\]"):
+        quantize_checkpoint(tmp_path / "g", tmp_path / "q")
+    t[norm] = np.zeros(256, np.float32)
+    stn.save_file(t, str(f), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=r"input_layernorm.weight' is F32 \[256\], expected a float "
+                                        r"type \[512\]"):
+        quantize_checkpoint(tmp_path / "g", tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
+def test_import_without_mtp_needs_no_mtp(tmp_path):
+    gptq_checkpoint(tmp_path / "g", v1=False)
+    f = tmp_path / "g" / "model.safetensors"
+    t = {n: a for n, a in stn.load_file(str(f)).items() if not n.startswith("mtp.")}
+    stn.save_file(t, str(f), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=r"missing tensor 'mtp\..*\(as a float weight or in its "
+                                        r"int4 form\).*`qwen38gen quantize --no-mtp`"):
+        quantize_checkpoint(tmp_path / "g", tmp_path / "q")
+    rep = {}
+    quantize_checkpoint(tmp_path / "g", tmp_path / "q", mtp=False, report_to=rep)
+    assert not any(n.startswith("mtp.") for n in load_quantized(tmp_path / "q"))
+    assert len(rep["from_checkpoint"]) == 12
