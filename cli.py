@@ -45,22 +45,32 @@ def cli():
 
 # ---------------------------------------------------------------------------------------- info
 @cli.command()
-@click.argument("model", default="qwen3.8-27b")
+@click.argument("model", required=False)
+@click.option("--model", "model_opt", default=None,
+              help="Preset, config.json or checkpoint folder (the same as the MODEL argument).")
 @click.option("--ctx", default=1024, show_default=True, help="Context length T for the floor.")
 @click.option("--bandwidth", default=4.149e12, show_default=True,
               help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
-def info(model, ctx, bandwidth):
-    """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL."""
+@click.option("--list", "list_presets", is_flag=True,
+              help="List the presets (the published Qwen3.5 dense sizes and the test models).")
+def info(model, model_opt, ctx, bandwidth, list_presets):
+    """Geometry, parameters, int4 bytes, per-sequence state and the floor of MODEL
+    (default qwen3.8-27b)."""
     import math
 
-    from qwen38gen.config import load_config
+    from qwen38gen.config import resolve_model
 
     if ctx < 0:
         raise UserError(f"--ctx {ctx}: the context length must be ≥ 0 tokens")
     if not (math.isfinite(bandwidth) and bandwidth > 0):
         raise UserError(f"--bandwidth {bandwidth:g}: the copy bandwidth must be a positive number "
                         "of bytes/s, e.g. 4.149e12")
-    cfg = load_config(model)
+    if list_presets:
+        _print_presets()
+        return
+    if model is not None and model_opt is not None and model != model_opt:
+        raise UserError(f"info got MODEL {model!r} and --model {model_opt!r}; give one")
+    cfg = resolve_model(model or model_opt or "qwen3.8-27b").config
     t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -92,19 +102,55 @@ def info(model, ctx, bandwidth):
     out.print(f)
 
 
+def _print_presets() -> None:
+    from qwen38gen.config import PRESETS, PUBLISHED
+    from qwen38gen.lanes import check_model
+
+    size = {v: k for k, v in PUBLISHED.items()}
+    t = Table(title="presets (`--model NAME`; a config.json or a model folder works too)")
+    for c in ("name", "published", "layers", "hidden", "heads q/kv", "GDN heads k/v", "tied",
+              "text params", "int4 weights", "kernels"):
+        t.add_column(c, justify="left" if c in ("name", "kernels") else "right")
+    for name, cfg in PRESETS.items():
+        try:
+            check_model(cfg)
+            ok = "yes"
+        except UserError as e:
+            ok = str(e).split(": ", 1)[1].split(" is not")[0] + " not supported"
+        t.add_row(name, size.get(name, "-"), str(cfg.num_hidden_layers), str(cfg.hidden_size),
+                  f"{cfg.num_attention_heads}/{cfg.num_key_value_heads}",
+                  f"{cfg.linear_num_key_heads}/{cfg.linear_num_value_heads}",
+                  "yes" if cfg.tie_word_embeddings else "no", f"{cfg.text_params / 1e9:.3f} B",
+                  _gb(cfg.int4_weight_bytes()), ok)
+    out.print(t)
+
+
 # ------------------------------------------------------------------------------------ quantize
 @cli.command()
-@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--model", "model_opt", type=click.Path(path_type=Path), default=None,
+              help="The checkpoint folder (the same as the MODEL_DIR argument).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Folder to write the packed int4 model into (must not exist or be empty).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
-def quantize(model_dir, out_dir, overwrite):
-    """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor."""
+@click.option("--no-mtp", "no_mtp", is_flag=True,
+              help="Leave the MTP layer out (for a checkpoint without mtp.* tensors, such as "
+                   "one saved by Qwen3_5ForCausalLM).")
+def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
+    """Quantize an HF checkpoint to int4 g128 in the kernels' packed layout, tensor by tensor.
+    A GPTQ or compressed-tensors int4 checkpoint is imported (its codes kept)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from qwen38gen.config import load_config
     from qwen38gen.quantize import quantize_checkpoint
 
+    if model_dir is None and model_opt is None:
+        raise UserError("quantize needs the checkpoint folder: qwen38gen quantize DIR -o OUT "
+                        "(or --model DIR)")
+    if model_dir is not None and model_opt is not None and model_dir != model_opt:
+        raise UserError(f"quantize got MODEL_DIR {str(model_dir)!r} and --model "
+                        f"{str(model_opt)!r}; give one")
+    model_dir = model_dir or model_opt
     if not model_dir.is_dir():
         raise UserError(f"checkpoint folder {str(model_dir)!r} does not exist or is not a folder")
     load_config(model_dir)  # a bad config.json fails here, before the progress bar starts
@@ -115,57 +161,154 @@ def quantize(model_dir, out_dir, overwrite):
         def progress(done, total, name):
             prog.update(task, completed=done, total=total, tensor=name)
 
-        quantize_checkpoint(model_dir, out_dir, progress=progress, overwrite=overwrite)
+        report: dict = {}
+        quantize_checkpoint(model_dir, out_dir, progress=progress, overwrite=overwrite,
+                            mtp=not no_mtp, report_to=report)
+    if report:
+        _print_import(report)
     out.print(f"wrote {out_dir}")
 
 
+def _print_import(rep: dict) -> None:
+    """What an import of a pre-quantized checkpoint took from it and what it quantized here."""
+    got, here = rep["from_checkpoint"], rep["quantized_here"]
+    out.print(f"imported {rep['source_method']} int4: {len(got)} linear weights from the "
+              f"checkpoint (codes exact, {rep['source_scale_dtype'] or 'no'} scales), "
+              f"{len(here)} quantized here (int4 g128 of their float weights)")
+    if rep["source_scale_dtype"] not in ("", "bfloat16"):
+        out.print(f"scales converted to bf16: largest relative change of any weight "
+                  f"{rep['max_rel_weight_change']:.3e}")
+    import re
+    from collections import Counter
+
+    for title, names in (("from the checkpoint", got), ("quantized here", here)):
+        if names:  # one line per tensor kind, layers folded (the full list: quantization.json)
+            kinds = Counter(re.sub(r"\.layers\.\d+\.", ".layers.*.", n) for n in names)
+            out.print(f"{title}:", markup=False)
+            for k, c in kinds.items():
+                out.print(f"  {k} ×{c}", markup=False)
+
+
 # ------------------------------------------------------------------------------------ generate
-def _parse_prompt(s: str) -> list[int]:
-    try:
-        ids = [int(t) for t in s.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise UserError(f"--prompt {s!r} is not a comma-separated list of token ids") from None
+def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
+    parts = [t.strip() for t in s.split(",")]
+    if any(not t.lstrip("-").isdigit() for t in parts if t) or any(" " in t for t in parts):
+        raise UserError(f"{opt} {s!r} is not a comma-separated list of token ids "
+                        "(e.g. 1,2,3)")
+    ids = [int(t) for t in parts if t]
     if not ids:
-        raise UserError("--prompt is empty; give at least one token id, e.g. --prompt 1,2,3")
+        raise UserError(f"{opt} is empty; give at least one token id, e.g. {opt} 1,2,3")
     return ids
 
 
+def _memory_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_reference_fits(cfg, what: str) -> None:
+    """The CPU reference holds every text tensor in fp32 (plus the bf16 or int4 source while it
+    converts): refuse before building anything a model whose weights will not fit in memory."""
+    need = cfg.text_params * 6 + cfg.mtp_params * 6
+    have = _memory_available()
+    if have is not None and need > have:
+        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory "
+                        f"for the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
+                        f"their source); {have / 1e9:.0f} GB is available. Use a smaller model "
+                        "(e.g. --model tiny, or `qwen38gen info --list`)")
+
+
 @cli.command()
-@click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
+@click.option("--model", default=None,
+              help="Preset, config.json or model folder [default: the --weights folder's "
+                   "config.json, else tiny].")
 @click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
-              help="A checkpoint folder (HF safetensors or `quantize` output); default: "
-                   "seeded synthetic weights.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
-@click.option("--prompt", "prompts", multiple=True, default=("1,2,3,4,5",), show_default=True,
-              help="Token ids, comma-separated; repeat for a batch.")
+              help="A checkpoint folder (HF safetensors or `quantize` output); its config.json "
+                   "is the model unless --model says otherwise; default: seeded synthetic weights.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights (≥ 0).")
+@click.option("--prompt", "prompts", multiple=True,
+              help="Prompt text (needs the model folder's tokenizer.json); repeat for a batch. "
+                   "Without a tokenizer, comma-separated token ids as --prompt-ids.")
+@click.option("--prompt-ids", "prompt_ids", multiple=True,
+              help="Token ids, comma-separated (e.g. 1,2,3); repeat for a batch.")
+@click.option("--chat", is_flag=True, help="Wrap each --prompt in the model's chat template.")
+@click.option("--think", is_flag=True, help="With --chat: the template's thinking mode "
+                                           "(enable_thinking; off by default).")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence ids.")
 @click.option("--steps", default=8, show_default=True, help="Greedy decode steps.")
 @click.option("--int4", "use_int4", is_flag=True, help="Quantize the synthetic weights to int4 "
                                                       "first (the q4 program's oracle).")
-def generate(model, weights_dir, seed, prompts, steps, use_int4):
+def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_eos, steps,
+             use_int4):
     """Greedy generation with the numpy reference (the oracle), on CPU."""
     import numpy as np
 
-    from qwen38gen.config import load_config
+    from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
     from qwen38gen.quantize import int4_weights, load_any
     from qwen38gen.reference import Reference
     from qwen38gen.weights import synthetic_weights
 
-    cfg = load_config(model)
+    if seed < 0:
+        raise UserError(f"--seed {seed} must be ≥ 0")
+    if steps < 0:
+        raise UserError(f"--steps {steps} must be ≥ 0")
+    if weights_dir is not None and not (weights_dir / "config.json").is_file():
+        raise UserError(f"--weights {str(weights_dir)!r} is not a checkpoint folder with a "
+                        "config.json")
+    resolved = resolve_model(model if model is not None else (weights_dir or DEFAULT_PRESET))
+    cfg = resolved.config
+    if weights_dir is None and resolved.has_weights:   # --model DIR: a checkpoint folder
+        weights_dir = resolved.model_dir
+    elif weights_dir is not None and model is not None:
+        own = load_config(weights_dir)
+        if own.hash != cfg.hash:
+            raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
+                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model "
+                            "out to use the folder's config.json")
+    tok = None
+    tok_dir = weights_dir or resolved.model_dir
+    if tok_dir is not None and (prompts or chat):
+        from qwen38gen.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tok_dir)
+    if chat and tok is None:
+        raise UserError("--chat needs the model folder's tokenizer.json and chat template")
+    ids = [_parse_ids(p) for p in prompt_ids]
+    for p in prompts:
+        if tok is None:   # no tokenizer: ids, written with commas (never "1 2 3" -> 123)
+            if any(not (c.isdigit() or c in ", -") for c in p):
+                where = f"{str(tok_dir)!r} has" if tok_dir is not None else "synthetic weights have"
+                raise UserError(f"--prompt {p!r} is not a comma-separated list of token ids, "
+                                f"and {where} no tokenizer.json to read it as text; give a model "
+                                "folder with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
+            ids.append(_parse_ids(p, "--prompt"))
+        else:
+            msgs = [{"role": "user", "content": p}]
+            text = tok.render_chat(msgs, enable_thinking=think) if chat else p
+            ids.append(tok.encode(text))
+    if not ids:
+        ids = [[1, 2, 3, 4, 5]]
+    for p in ids:
+        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise UserError(f"token id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1}")
+    _check_reference_fits(cfg, "generate")
     if weights_dir is not None:
         tensors = load_any(weights_dir, cfg)
     else:
         tensors = synthetic_weights(cfg, seed)
         if use_int4:
             tensors = int4_weights(cfg, tensors)
-    if steps < 0:
-        raise UserError(f"--steps {steps} must be ≥ 0")
-    ids = [_parse_prompt(p) for p in prompts]
-    for p in ids:
-        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise UserError(f"token id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1}")
     ref = Reference(cfg, tensors, dtype=np.float32)
     gen = ref.generate(ids, steps)
+    if tok is not None and not ignore_eos:
+        gen = [_cut_at(g, tok.eos_ids) for g in gen]
     t = Table(title=f"reference greedy generation, {cfg.name}, {steps} steps")
     t.add_column("seq", justify="right")
     t.add_column("prompt")
@@ -173,6 +316,17 @@ def generate(model, weights_dir, seed, prompts, steps, use_int4):
     for i, (p, g) in enumerate(zip(ids, gen)):
         t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
     out.print(t)
+    if tok is not None:
+        for i, g in enumerate(gen):
+            out.print(f"[{i}] {tok.decode(g)}", markup=False)
+
+
+def _cut_at(tokens: list[int], stop: tuple[int, ...]) -> list[int]:
+    """tokens up to and including the first end-of-sequence id."""
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return tokens[:i + 1]
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------- lanes

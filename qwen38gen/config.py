@@ -33,6 +33,20 @@ INT4_BYTES_PER_PARAM = 0.5 + 2.0 / INT4_GROUP
 # Checkpoint prefixes (MODEL.md §2).
 DECODER = "model.language_model."
 MTP = "mtp."
+# Qwen3_5ForCausalLM.save_pretrained spells the decoder ``model.X`` (no language_model); the
+# multimodal wrapper's vision tower is ``model.visual.*``.
+CAUSAL_LM = "model."
+VISUAL = "model.visual."
+EMBED = DECODER + "embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor name in the released (multimodal) spelling: ``model.X`` (the
+    ``Qwen3_5ForCausalLM`` names) -> ``model.language_model.X``; every other name as it is."""
+    if name.startswith(CAUSAL_LM) and not name.startswith((DECODER, VISUAL)):
+        return DECODER + name[len(CAUSAL_LM):]
+    return name
 
 
 @dataclass(frozen=True)
@@ -113,11 +127,6 @@ class ModelConfig:
             raise UserError(
                 f"config {self.name!r}: mrope_section {list(self.mrope_section)} sums to "
                 f"{sum(self.mrope_section)}, but rotary dim {int(rd)} needs {int(rd) // 2}"
-            )
-        if self.tie_word_embeddings:
-            raise UserError(
-                f"config {self.name!r}: tie_word_embeddings=true is not supported; "
-                "Qwen3.5/3.6 dense models have a separate lm_head (false)"
             )
         if self.mtp_num_hidden_layers not in (0, 1):
             raise UserError(
@@ -268,8 +277,18 @@ class ModelConfig:
 
     @property
     def text_params(self) -> int:
-        """Parameters of the text decoder (embedding, 64 layers, final norm, lm_head); no MTP."""
-        return sum(self._numel(s) for s in self.tensor_shapes(mtp=False).values())
+        """Parameters of the text decoder (embedding, 64 layers, final norm, lm_head); no MTP.
+        A tied lm_head is the embedding, counted once."""
+        return sum(self._numel(s) for n, s in self.tensor_shapes(mtp=False).items()
+                   if not (self.tie_word_embeddings and n == LM_HEAD))
+
+    def checkpoint_optional(self, mtp: bool = True) -> frozenset[str]:
+        """Tensors of ``tensor_shapes()`` a checkpoint may leave out: a tied lm_head (it is
+        ``embed_tokens``) and, with ``mtp=False``, the MTP layer."""
+        opt = set() if mtp else set(self.mtp_shapes())
+        if self.tie_word_embeddings:
+            opt.add(LM_HEAD)
+        return frozenset(opt)
 
     @property
     def mtp_params(self) -> int:
@@ -560,6 +579,47 @@ PRESETS: dict[str, ModelConfig] = {
         linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(64),
         bos_token_id=248044, eos_token_id=248044,
     ),
+    # The published dense Qwen3.5 sizes below 27B. Their text_config numbers, as released in
+    # Qwen/Qwen3.5-{0.8B,2B,4B,9B}/config.json (read through public copies found with the search
+    # tool: the 0.8B and 2B dicts in a Qwen3.5 MLX port's tests (cortexlab, tests of
+    # models/architectures/qwen3_5), the 0.8B's full text_config in a Rust port's test (bos null,
+    # eos 248044, mtp_num_hidden_layers 1, tie_word_embeddings true), the 4B's in a
+    # qwen_drive checkpoint's vlm_config (hidden 2560, intermediate 9216, tied) and an MLX adapter
+    # test (32 layers, 16/4 heads, 16/32 GDN heads), the 9B's full text_config in medrl's
+    # architecture test (tie_word_embeddings false), and a size table over all four read off the
+    # published config.json files (open_kernels recipes tests)). Every size shares the 27B's
+    # per-head geometry: head_dim 256, rotary 64 (factor 0.25, mrope [11, 11, 10]), GDN heads of
+    # 128 x 128, 16 GDN key heads, conv 4, a full-attention layer every fourth, vocab 248320,
+    # rope_theta 1e7, eps 1e-6, one MTP layer. They differ in widths, in the GDN value heads per
+    # key head (r = 1 for 0.8B/2B, 2 for 4B/9B, 3 for 27B) and in tied embeddings (0.8B-4B).
+    "qwen3.5-0.8b": ModelConfig(
+        name="qwen3.5-0.8b", hidden_size=1024, num_hidden_layers=24, intermediate_size=3584,
+        vocab_size=248320, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(24),
+        tie_word_embeddings=True, eos_token_id=248044,
+    ),
+    "qwen3.5-2b": ModelConfig(
+        name="qwen3.5-2b", hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
+        vocab_size=248320, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(24),
+        tie_word_embeddings=True, eos_token_id=248044,
+    ),
+    "qwen3.5-4b": ModelConfig(
+        name="qwen3.5-4b", hidden_size=2560, num_hidden_layers=32, intermediate_size=9216,
+        vocab_size=248320, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(32),
+        tie_word_embeddings=True, eos_token_id=248044,
+    ),
+    "qwen3.5-9b": ModelConfig(
+        name="qwen3.5-9b", hidden_size=4096, num_hidden_layers=32, intermediate_size=12288,
+        vocab_size=248320, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(32),
+        eos_token_id=248044,
+    ),
     "tiny": ModelConfig(
         name="tiny", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
         vocab_size=1024, num_attention_heads=6, num_key_value_heads=2, head_dim=256,
@@ -573,6 +633,11 @@ PRESETS: dict[str, ModelConfig] = {
         linear_conv_kernel_dim=4, layer_types=_hybrid(8), mrope_section=(2, 1, 1),
     ),
 }
+
+# The published dense sizes, smallest first (`qwen38gen info --list`); qwen3.8-27b is the 27B
+# (Qwen/Qwen3.5-27B's text_config, MODEL.md §1.1).
+PUBLISHED = {"0.8B": "qwen3.5-0.8b", "2B": "qwen3.5-2b", "4B": "qwen3.5-4b", "9B": "qwen3.5-9b",
+             "27B": "qwen3.8-27b"}
 
 DEFAULT_PRESET = "tiny"
 
@@ -589,3 +654,36 @@ def load_config(spec: str | Path) -> ModelConfig:
         f"unknown model {s!r}: not a preset and no such file; presets are {', '.join(PRESETS)}, "
         "or pass a config.json / model folder"
     )
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a ``--model`` argument names: the geometry, and the folder that holds the
+    checkpoint (weights, tokenizer) when it names one (None for a preset)."""
+
+    config: ModelConfig
+    model_dir: Path | None
+
+    @property
+    def has_weights(self) -> bool:
+        d = self.model_dir
+        return d is not None and ((d / "model.safetensors").is_file()
+                                  or (d / "model.safetensors.index.json").is_file())
+
+
+def resolve_model(spec: str | Path) -> ResolvedModel:
+    """A ``--model`` argument: a preset name, a config.json, or a checkpoint folder holding one
+    (an HF checkpoint or a ``qwen38gen quantize`` output). A config.json's folder counts as the
+    model folder. Raises UserError naming what is wrong."""
+    s = str(spec)
+    if s in PRESETS:
+        return ResolvedModel(PRESETS[s], None)
+    p = Path(s)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"model folder {s!r} has no config.json; pass a preset "
+                            f"({', '.join(PRESETS)}), a config.json or a checkpoint folder")
+        return ResolvedModel(ModelConfig.from_json_file(p), p)
+    if p.is_file():
+        return ResolvedModel(ModelConfig.from_json_file(p), p.parent)
+    return ResolvedModel(load_config(s), None)   # raises the unknown-model error

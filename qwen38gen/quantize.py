@@ -9,17 +9,23 @@ reference.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from .config import ModelConfig, load_config
+from .config import EMBED, LM_HEAD, ModelConfig, load_config
 from .emit import umask
 from .errors import UserError
+from .importer import (
+    check_quant_config, check_sources, has_source, import_tensors, read_quant_config,
+)
 from .weights import (
     DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
     check_packed, dequantize, quantize_pack,
@@ -29,6 +35,10 @@ FORMAT_NAME = "qwen38gen-int4-g128-tile16x64"
 FORMAT_VERSION = 1
 QUANT_JSON = "quantization.json"
 QUANT_META = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "group_size": 128}
+
+# The tokenizer's and generation's files, copied from the source folder as they are.
+TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+              "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 # NAME.weight -> NAME.qweight / NAME.scales / NAME.shape
 _SUFFIXES = ("qweight", "scales", "shape")
@@ -54,17 +64,61 @@ class QuantizedTensor:
         return dequantize(self.qweight, self.scales, self.shape)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while active, so a ``kill`` cleans up the temp folder the
+    way Ctrl-C does (``atomic_dir`` removes it on any exception). Main thread only; elsewhere a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def written_config(src: Path, mtp: bool) -> str:
+    """The source's config.json text, with ``mtp_num_hidden_layers`` 0 when MTP is left out
+    (in ``text_config`` where the file has one), so the folder says what it holds, and without
+    a source ``quantization_config`` (the folder's format is in quantization.json)."""
+    text = (src / "config.json").read_text()
+    raw = json.loads(text)
+    cfg = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    if mtp and "quantization_config" not in raw and "quantization_config" not in cfg:
+        return text
+    if not mtp:
+        cfg["mtp_num_hidden_layers"] = 0
+    raw.pop("quantization_config", None)
+    cfg.pop("quantization_config", None)
+    return json.dumps(raw, indent=2) + "\n"
+
+
 def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                         progress: Callable[[int, int, str], None] | None = None,
                         max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
-                        mtp: bool = True) -> Path:
+                        mtp: bool = True, report_to: dict | None = None) -> Path:
     """Quantize the HF checkpoint in ``src_dir`` into ``out_dir`` (FORMAT.md "Files").
 
+    A checkpoint already in int4 (``quantization_config`` in its config.json: GPTQ or
+    compressed-tensors pack-quantized) is imported instead (``importer.import_tensors``): its
+    codes carry over, its linear weights kept in bf16 are quantized here, and
+    ``quantization.json`` lists which is which (also copied into ``report_to`` when given).
+
     The config comes from ``src_dir/config.json``; the checkpoint is validated against it first
-    (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written).
-    Only the text tensors of the config are written (vision tensors are skipped).
-    ``progress(done, total, name)`` is called after each tensor. Atomic: written into a temp
-    folder next to ``out_dir`` and renamed; an existing non-empty ``out_dir`` is refused unless
+    (``check_tensors``; with ``mtp=False`` MTP tensors may be absent and are not written, and the
+    written config says ``mtp_num_hidden_layers: 0``). Both tensor spellings are read
+    (``model.layers.*`` of Qwen3_5ForCausalLM, ``model.language_model.*`` of the released
+    checkpoints); the output uses the released one. Only the text tensors of the config are
+    written (vision tensors are skipped). A tied config (``tie_word_embeddings``) gets its int4
+    ``lm_head`` from ``embed_tokens``. ``progress(done, total, name)`` is called after each
+    tensor. Atomic: written into a temp folder next to ``out_dir`` and renamed (also on SIGTERM
+    and Ctrl-C the temp folder is removed); an existing non-empty ``out_dir`` is refused unless
     ``overwrite``. Returns ``out_dir``.
     """
     src = Path(src_dir)
@@ -73,14 +127,20 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     if not (src / "config.json").is_file():
         raise UserError(f"checkpoint folder {str(src)!r} has no config.json")
     cfg = load_config(src)
+    qconf = read_quant_config(json.loads((src / "config.json").read_text()))
+    if qconf is not None:
+        check_quant_config(qconf)
     reader = CheckpointReader(src)
-    check_tensors(cfg, reader, mtp=mtp)
-    mtp_names = set(cfg.mtp_shapes())
-    names = [n for n in cfg.tensor_shapes(mtp=True)
-             if n in reader and (mtp or n not in mtp_names)]
+    if qconf is None:
+        check_tensors(cfg, reader, mtp=mtp)
+    else:
+        check_sources(cfg, reader, mtp=mtp)
+    shapes = cfg.tensor_shapes(mtp=mtp and bool(cfg.mtp_num_hidden_layers))
+    # name to write -> name to read (a tied lm_head reads the embedding)
+    plan = {n: (EMBED if cfg.tie_word_embeddings and n == LM_HEAD else n) for n in shapes}
+    plan = {n: r for n, r in plan.items() if has_source(cfg, reader, r, shapes[n])}
     # Fail on K % 128 before any work is done.
-    shapes = cfg.tensor_shapes(mtp=True)
-    for n in names:
+    for n in plan:
         if cfg.is_int4(n, shapes[n]) and shapes[n][1] % 128:
             raise UserError(f"tensor {n!r} has shape {list(shapes[n])}: int4 g128 needs K (the "
                             f"input dimension, {shapes[n][1]}) to be a multiple of 128; "
@@ -88,11 +148,18 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
     out = Path(out_dir)
     if out.absolute() == src.absolute():
         raise UserError(f"output folder {str(out)!r} is the source folder; choose another")
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    meta = dict(QUANT_META)
+    if cfg.tie_word_embeddings:
+        meta["lm_head"] = f"tied: int4 of {EMBED}"
+    with sigterm_as_interrupt(), atomic_dir(out, overwrite=overwrite) as tmp:
         tmp.chmod(0o777 & ~umask())   # mkdtemp's 0700: the folder gets what mkdir would give it
         w = ShardWriter(tmp, max_shard_bytes)
-        for i, n in enumerate(names, 1):
-            a = reader.get(n)
+        if qconf is not None:
+            report = import_tensors(cfg, reader, qconf, plan, shapes, w.add, progress)
+            meta.update(report.to_dict())
+            plan = {}
+        for i, (n, rn) in enumerate(plan.items(), 1):
+            a = reader.get(rn)
             if cfg.is_int4(n, a.shape):
                 qw, st = quantize_pack(a, n)
                 b = _base(n)
@@ -102,12 +169,17 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
                 w.add({n: a})
             del a
             if progress is not None:
-                progress(i, len(names), n)
+                progress(i, len(plan), n)
         w.close()
-        shutil.copyfile(src / "config.json", tmp / "config.json")
-        (tmp / QUANT_JSON).write_text(json.dumps(QUANT_META, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(written_config(src, mtp))
+        for f in TEXT_FILES:  # the tokenizer travels with the weights (`generate --prompt TEXT`)
+            if (src / f).is_file():
+                shutil.copyfile(src / f, tmp / f)
+        (tmp / QUANT_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for f in tmp.iterdir():   # safetensors writes its shards 0600, whatever the umask
             f.chmod(0o666 & ~umask())
+    if report_to is not None and qconf is not None:
+        report_to.update(meta)
     return out
 
 

@@ -12,7 +12,9 @@ Public API
     ``weights``: dict checkpoint name -> array (bf16 ``ml_dtypes`` arrays from
     ``weights.synthetic_weights``, fp32 dequantized int4 weights, ... anything ``astype`` takes).
     Names are the released-checkpoint names (``model.language_model.…``, ``lm_head.weight``,
-    ``mtp.…``); ``model.X`` (the ``Qwen3_5ForCausalLM`` names) is accepted too. ``mtp.*`` is
+    ``mtp.…``); ``model.X`` (the ``Qwen3_5ForCausalLM`` names) is accepted too. With
+    ``tie_word_embeddings`` a missing ``lm_head.weight`` is ``embed_tokens`` (one given, such as
+    the int4 dequantization of the embedding the q4 program uses, is used). ``mtp.*`` is
     optional (needed only by ``mtp_forward``). ``delta_rule="chunked"`` runs the GDN layers
     with ``gdn_chunked`` instead of the token-by-token recurrence (the definition).
 
@@ -70,7 +72,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import DECODER, FULL, LINEAR, MTP, ModelConfig
+from .config import DECODER, EMBED, FULL, LINEAR, LM_HEAD, MTP, ModelConfig, canonical_name
 
 __all__ = [
     "Reference", "State", "rms1p", "rms_gated", "l2n", "silu", "sigmoid", "softplus", "rope",
@@ -241,11 +243,6 @@ class State:
 # --------------------------------------------------------------------------------------------------
 # The model
 
-def _canonical(name: str) -> str:
-    """``model.X`` (Qwen3_5ForCausalLM names) -> ``model.language_model.X`` (checkpoint names)."""
-    if name.startswith("model.") and not name.startswith((DECODER, "model.visual.")):
-        return DECODER + name[len("model."):]
-    return name
 
 
 class Reference:
@@ -261,7 +258,9 @@ class Reference:
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         self.delta_rule = delta_rule
         self.eps = cfg.rms_norm_eps
-        have = {_canonical(n): a for n, a in weights.items()}
+        have = {canonical_name(n): a for n, a in weights.items()}
+        if cfg.tie_word_embeddings and LM_HEAD not in have and EMBED in have:
+            have[LM_HEAD] = have[EMBED]                      # tied: the lm_head is the embedding
         missing = [n for n in cfg.tensor_shapes(mtp=False) if n not in have]
         if missing:
             raise KeyError(f"weights lack {len(missing)} tensors of {cfg.name!r}, e.g. {missing[0]!r}")

@@ -26,7 +26,7 @@ import numpy as np
 import safetensors.numpy as st_numpy
 from safetensors import safe_open
 
-from .config import ModelConfig
+from .config import EMBED, LM_HEAD, ModelConfig, canonical_name
 from .errors import UserError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -67,8 +67,22 @@ def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray
 
 
 def synthetic_weights(cfg: ModelConfig, seed: int = 0, mtp: bool = True) -> dict[str, np.ndarray]:
-    """Every text tensor of ``cfg`` (plus MTP), seeded, under the checkpoint names."""
-    return {n: synthetic_tensor(n, s, seed) for n, s in cfg.tensor_shapes(mtp=mtp).items()}
+    """Every text tensor of ``cfg`` (plus MTP), seeded, under the checkpoint names. A tied
+    config's ``lm_head.weight`` is the embedding itself (the same array)."""
+    w = {}
+    for n, s in cfg.tensor_shapes(mtp=mtp).items():
+        tied = cfg.tie_word_embeddings and n == LM_HEAD
+        w[n] = w[EMBED] if tied else synthetic_tensor(n, s, seed)
+    return w
+
+
+def tie_lm_head(cfg: ModelConfig, tensors: dict) -> dict:
+    """``tensors`` with ``lm_head.weight`` = ``embed_tokens`` when ``cfg`` ties them (HF's
+    save_pretrained leaves the lm_head out then; one written anyway is not used, as in HF)."""
+    if cfg.tie_word_embeddings and EMBED in tensors:
+        tensors = dict(tensors)
+        tensors[LM_HEAD] = tensors[EMBED]
+    return tensors
 
 
 # ====================================================================== safetensors files
@@ -188,6 +202,8 @@ def save_checkpoint(cfg: ModelConfig, tensors: dict[str, np.ndarray], out_dir: s
     with atomic_dir(out, overwrite=overwrite) as tmp:
         w = ShardWriter(tmp, max_shard_bytes)
         for k, a in tensors.items():
+            if cfg.tie_word_embeddings and k == LM_HEAD:
+                continue  # tied: HF writes only embed_tokens, and so do we
             w.add({k: np.asarray(a)})
         w.close()
         _write_json(tmp / "config.json", cfg.to_hf_dict())
@@ -224,8 +240,12 @@ class CheckpointReader:
         else:
             raise UserError(f"checkpoint folder {str(p)!r} has neither {INDEX_NAME} nor "
                             f"{SINGLE_NAME}")
-        # name -> (shard file, shape, safetensors dtype string), from the shard headers.
-        self._info: dict[str, tuple[Path, tuple[int, ...], str]] = {}
+        # name -> (shard file, shape, safetensors dtype string, name in the file), from the shard
+        # headers, keyed by the canonical name (``config.canonical_name``): a checkpoint saved by
+        # Qwen3_5ForCausalLM (``model.layers.*``) reads like a released one
+        # (``model.language_model.layers.*``).
+        self._info: dict[str, tuple[Path, tuple[int, ...], str, str]] = {}
+        stored = {}
         for f in files:
             fp = p / f
             if not fp.is_file():
@@ -234,12 +254,19 @@ class CheckpointReader:
                 with safe_open(str(fp), framework="numpy") as h:
                     for k in h.keys():
                         sl = h.get_slice(k)
-                        self._info[k] = (fp, tuple(sl.get_shape()), sl.get_dtype())
+                        c = canonical_name(k)
+                        if c in self._info:
+                            raise UserError(f"checkpoint {str(p)!r} holds tensor {c!r} twice, as "
+                                            f"{self._info[c][3]!r} and {k!r}; keep one spelling")
+                        self._info[c] = (fp, tuple(sl.get_shape()), sl.get_dtype(), k)
+                        stored[k] = fp
+            except UserError:
+                raise
             except Exception as e:  # SafetensorError, OSError: truncated or not safetensors
                 raise UserError(f"cannot read safetensors file {str(fp)!r}: {e}") from None
         if wmap is not None:
             for k, f in wmap.items():
-                if k not in self._info or self._info[k][0].name != f:
+                if k not in stored or stored[k].name != f:
                     raise UserError(f"index {str(index)!r} says tensor {k!r} is in {f!r}, "
                                     "but that shard does not hold it")
 
@@ -261,11 +288,15 @@ class CheckpointReader:
         """The safetensors dtype string ("BF16", "F32", "U32", "I64", …)."""
         return self._entry(name)[2]
 
+    def stored_name(self, name: str) -> str:
+        """The name ``name`` has inside the checkpoint's files."""
+        return self._entry(name)[3]
+
     def get(self, name: str) -> np.ndarray:
-        fp = self._entry(name)[0]
+        fp, _, _, key = self._entry(name)
         try:
             with safe_open(str(fp), framework="numpy") as h:
-                return h.get_tensor(name)
+                return h.get_tensor(key)
         except Exception as e:
             raise UserError(f"cannot read tensor {name!r} from {str(fp)!r}: {e}") from None
 
@@ -289,13 +320,14 @@ def check_tensors(cfg: ModelConfig, src: "CheckpointReader | dict[str, np.ndarra
         where = str(src.path) if isinstance(src, CheckpointReader) else "<in memory>"
     shapes = cfg.tensor_shapes(mtp=True)
     mtp_names = set(cfg.mtp_shapes())
-    missing = [n for n in shapes if n not in src and not (n in mtp_names and not mtp)]
+    optional = cfg.checkpoint_optional(mtp)
+    missing = [n for n in shapes if n not in src and n not in optional]
     if missing:
         more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
         hint = ""
         if missing[0] in mtp_names:
-            hint = ("; MTP tensors (mtp.*) may be absent only when MTP is turned off "
-                    "(mtp=False)")
+            hint = ("; this checkpoint has no MTP layer: quantize it with MTP off "
+                    "(`qwen38gen quantize --no-mtp`, mtp=False in Python)")
         raise UserError(f"checkpoint {where} is missing tensor {missing[0]!r}{more}{hint}")
     for n, want in shapes.items():
         if n not in src:
@@ -320,7 +352,7 @@ def load_checkpoint(model_dir: str | Path, cfg: ModelConfig | None = None,
     if cfg is None:
         return {n: r.get(n) for n in r.names()}
     check_tensors(cfg, r, mtp=mtp)
-    return {n: r.get(n) for n in cfg.tensor_shapes(mtp=True) if n in r}
+    return tie_lm_head(cfg, {n: r.get(n) for n in cfg.tensor_shapes(mtp=True) if n in r})
 
 
 # ====================================================================== int4 g128 (FORMAT.md)

@@ -58,7 +58,7 @@ def test_interval_instead_of_layer_types(tmp_path):
 
 
 def test_unknown_preset():
-    with pytest.raises(UserError, match=r"unknown model 'qwen9'.*presets are qwen3.8-27b, tiny, toy"):
+    with pytest.raises(UserError, match=r"unknown model 'qwen9'.*presets are qwen3.8-27b, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b, qwen3.5-9b, tiny, toy"):
         load_config("qwen9")
 
 
@@ -140,3 +140,23 @@ def test_mistyped_keys_name_the_key_and_the_value(edit, pattern):
     edit(d)
     with pytest.raises(UserError, match=r"^config 'hf': " + pattern):
         ModelConfig.from_hf_dict(d)
+
+
+def test_resolve_model_takes_a_preset_a_config_json_or_a_folder(tmp_path):
+    from qwen38gen.config import resolve_model
+
+    r = resolve_model("tiny")
+    assert r.config is PRESETS["tiny"] and r.model_dir is None and not r.has_weights
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(PRESETS["toy"].to_hf_dict()))
+    for spec in (d, d / "config.json", str(d)):
+        r = resolve_model(spec)
+        assert r.config.hash == PRESETS["toy"].hash and r.model_dir == d and not r.has_weights
+    (d / "model.safetensors").write_bytes(b"")
+    assert resolve_model(d).has_weights
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"model folder '.*empty' has no config.json; pass a preset"):
+        resolve_model(tmp_path / "empty")
+    with pytest.raises(UserError, match=r"unknown model 'nope'"):
+        resolve_model("nope")

@@ -477,3 +477,45 @@ def test_activation_tile_order_is_wgmma_q4s_shared_tile(nt):
             want = _wgmma_store_x_tile(x, nt, rb, gi)
             assert np.array_equal(tiled[rb, gi][valid], want[valid]), (rb, gi)
             assert not tiled[rb, gi][~valid].any()
+
+
+def test_both_spellings_read_alike_and_twice_is_refused(tmp_path):
+    """A Qwen3_5ForCausalLM checkpoint (model.layers.*) reads under the released names; one that
+    holds a tensor under both spellings is refused, naming both."""
+    import safetensors.numpy as stn
+
+    t = wt.synthetic_weights(TINY, seed=4, mtp=False)
+    causal = {("model." + n[len("model.language_model."):] if n.startswith("model.language_model.")
+               else n): a for n, a in t.items()}
+    d = tmp_path / "causal"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    stn.save_file(causal, str(d / "model.safetensors"))
+    r = wt.CheckpointReader(d)
+    assert r.stored_name(QPROJ3) == "model.layers.3.self_attn.q_proj.weight"
+    got = wt.load_checkpoint(d, TINY, mtp=False)
+    assert set(got) == set(t) and all(np.array_equal(got[n], t[n]) for n in t)
+    both = dict(causal, **{QPROJ3: t[QPROJ3]})
+    stn.save_file(both, str(d / "model.safetensors"))
+    with pytest.raises(UserError, match=r"holds tensor 'model.language_model.layers.3.self_attn."
+                                        r"q_proj.weight' twice, as .* keep one spelling"):
+        wt.CheckpointReader(d)
+
+
+def test_missing_mtp_names_the_no_mtp_option(tmp_path):
+    t = wt.synthetic_weights(TINY, seed=4, mtp=False)
+    with pytest.raises(UserError, match=r"missing tensor 'mtp\..*quantize it with MTP off "
+                                        r"\(`qwen38gen quantize --no-mtp`"):
+        wt.check_tensors(TINY, t)
+
+
+def test_tied_checkpoint_reads_lm_head_from_the_embedding(tmp_path):
+    import dataclasses
+
+    cfg = dataclasses.replace(TINY, tie_word_embeddings=True)
+    t = wt.synthetic_weights(cfg, seed=5, mtp=False)
+    assert t["lm_head.weight"] is t["model.language_model.embed_tokens.weight"]
+    wt.save_checkpoint(cfg, t, tmp_path / "c")
+    assert "lm_head.weight" not in wt.CheckpointReader(tmp_path / "c")
+    got = wt.load_checkpoint(tmp_path / "c", cfg, mtp=False)
+    assert np.array_equal(got["lm_head.weight"], t["model.language_model.embed_tokens.weight"])

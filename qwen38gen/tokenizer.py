@@ -1,0 +1,133 @@
+"""The model's own tokenizer and chat template, from its folder.
+
+``load_tokenizer(model_dir)`` reads ``tokenizer.json`` with the ``tokenizers`` library (the HF
+ecosystem's own), the chat template from ``tokenizer_config.json`` (``chat_template``, a string or
+a list of named templates) or ``chat_template.jinja``, and the end-of-sequence ids from
+``generation_config.json`` (``eos_token_id``, an id or a list), else ``tokenizer_config.json``'s
+``eos_token``. The template is rendered with jinja2 the way transformers renders it: a sandboxed
+environment with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson``
+that keeps non-ASCII text, and ``raise_exception`` / ``strftime_now`` as globals.
+
+Needs the ``text`` extra (``pip install 'qwen38gen[text]'``); only this module imports it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from .errors import UserError
+
+INSTALL = "pip install 'qwen38gen[text]'"
+
+
+def _read_json(p: Path) -> dict:
+    if not p.is_file():
+        return {}
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{str(p)!r} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise UserError(f"{str(p)!r}: expected a JSON object")
+    return d
+
+
+def _token_text(v) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+class Tokenizer:
+    """Text <-> ids and the chat template of one model folder (see the module docstring)."""
+
+    def __init__(self, model_dir: Path, backend, config: dict, template: str | None,
+                 eos_ids: tuple[int, ...]):
+        self.model_dir = model_dir
+        self._tok = backend
+        self._config = config
+        self.chat_template = template
+        self.eos_ids = eos_ids
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` as written (special tokens in it are recognised; none is added)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def render_chat(self, messages: list[dict], enable_thinking: bool = False,
+                    add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` ([{"role", "content"}, ...]) under the chat template."""
+        if not self.chat_template:
+            raise UserError(f"model folder {str(self.model_dir)!r} has no chat template "
+                            "(chat_template in tokenizer_config.json or chat_template.jinja)")
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise UserError(f"chat template: {message}")
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        specials = {k: _token_text(self._config.get(k))
+                    for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                enable_thinking=enable_thinking, **specials)
+        except jinja2.TemplateError as e:
+            raise UserError(f"chat template of {str(self.model_dir)!r}: {e}") from None
+
+
+def _chat_template(d: Path, config: dict) -> str | None:
+    t = config.get("chat_template")
+    if isinstance(t, list):   # [{"name": "default", "template": ...}, ...]
+        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        t = named.get("default")
+    if isinstance(t, str):
+        return t
+    f = d / "chat_template.jinja"
+    return f.read_text(encoding="utf-8") if f.is_file() else None
+
+
+def load_tokenizer(model_dir: Path) -> Tokenizer | None:
+    """The tokenizer of ``model_dir``, or None when it has no tokenizer.json."""
+    d = Path(model_dir)
+    if not (d / "tokenizer.json").is_file():
+        return None
+    try:
+        import jinja2  # noqa: F401
+        from tokenizers import Tokenizer as Backend
+    except ImportError:
+        raise UserError(f"reading {str(d / 'tokenizer.json')!r} needs the tokenizers and jinja2 "
+                        f"packages: {INSTALL}") from None
+    try:
+        backend = Backend.from_file(str(d / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises a plain Exception on a malformed file
+        raise UserError(f"cannot read {str(d / 'tokenizer.json')!r}: {e}") from None
+    config = _read_json(d / "tokenizer_config.json")
+    gen = _read_json(d / "generation_config.json")
+    eos = gen.get("eos_token_id")
+    if eos is None:
+        text = _token_text(config.get("eos_token"))
+        tid = backend.token_to_id(text) if text is not None else None
+        eos = [] if tid is None else [tid]
+    eos = [eos] if isinstance(eos, int) else eos
+    if not isinstance(eos, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in eos):
+        raise UserError(f"{str(d / 'generation_config.json')!r}: eos_token_id {eos!r} must be "
+                        "an id or a list of ids")
+    return Tokenizer(d, backend, config, _chat_template(d, config), tuple(eos))
