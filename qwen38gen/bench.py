@@ -18,6 +18,7 @@ from .check import build
 from .config import ModelConfig
 from .lanes import Lanes
 from .runtime import DeviceFill, Runtime, _drv
+from .tuning import Tuning
 
 KINDS = (("gemv", "q38_gemv"), ("delta rule", "q38_gdn"), ("attention", "q38_attn"))
 
@@ -182,7 +183,8 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 
 
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
-          progress=None, trace: bool = False) -> tuple[float, list[BenchRow]]:
+          progress=None, trace: bool = False,
+          tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
     drv = _drv()
     ctx0 = drv.Device(0).make_context()
     try:
@@ -191,7 +193,7 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
         ctx0.pop()
     rows = []
     for B in batches:
-        lanes = Lanes.make(B, pt=1)
+        lanes = Lanes.make(B, pt=1, tuning=tuning)
         if progress:
             progress(f"B={B}: emit + nvcc")
         cubin, man = build(cfg, lanes)

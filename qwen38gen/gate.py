@@ -206,10 +206,10 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
 def compile_kernels(source: str, name: str, arch: str = "sm_90") -> GateResult:
     """compile_source for a translation unit over kernels/ (the sweep scripts' variants): a
     compile error is printed with its log and exits 1."""
-    from .emit import KERNELS_DIR
+    from .emit import kernels_dir
 
     try:
-        return compile_source(source, name, arch=arch, include_dirs=(str(KERNELS_DIR),))
+        return compile_source(source, name, arch=arch, include_dirs=(str(kernels_dir()),))
     except CompileError as e:
         print(e, file=sys.stderr)
         raise SystemExit(1) from None

@@ -17,7 +17,7 @@ import numpy as np
 from . import launch
 from .config import ModelConfig
 from .errors import UserError
-from .ops import resolve_shape
+from .plan.program import resolve_shape
 from .weights import BF16
 
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}

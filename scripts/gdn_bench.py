@@ -1,4 +1,4 @@
-"""Time the 27B decode step's GDN launch alone (the program's own entry point, ops.gdn_entry) at
+"""Time the 27B decode step's GDN launch alone (the program's own entry point, plan.gdn.gdn_entry) at
 several B. Version 6 used it to compare a persistent variant (commit f3a5102, bench/NOTES.md);
 version 17 the state loads issued after the conv (gdn_chunk GE) and, with GDN_STREAM=1, the
 state traffic alone (scripts/gdn_stream.cuh).
@@ -25,7 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.gate import compile_kernels  # noqa: E402
-from qwen38gen.ops import gdn_entry, gdn_launch, pad16  # noqa: E402
+from qwen38gen.plan.arch import arch_facts  # noqa: E402
+from qwen38gen.plan.entries import pad16  # noqa: E402
+from qwen38gen.plan.gdn import gdn_entry, gdn_launch  # noqa: E402
+from qwen38gen.tuning import Tuning  # noqa: E402
 
 CFG = PRESETS["qwen3.8-27b"]
 
@@ -36,27 +39,16 @@ GE_ROWS = (0, 2, 4, 8, 16)
 def entries():
     """The GDN decode instance with every state row requested first (the program's order until
     version 17) and with 12 of 16 rows in shared memory (SR = 12, three blocks per SM, the
-    program's from B = 20 until version 17); then, version 17 (ops.gdn_state_rows_early), with
+    program's from B = 20 until version 17); then, version 17 (plan.gdn.gdn_state_rows_early), with
     the conv's copies requested first, then GE of a thread's 16 state rows and the others after
     the conv, for GE in GE_ROWS, and the program's B = 16 instance (GE 4, the first wave of 264
     blocks all rows early)."""
-    import qwen38gen.ops as ops
-
-    saved = ops.GDN_GE, ops.GDN_SR, ops.GDN_GW
-    e = {}
-    try:
-        ops.GDN_GE, ops.GDN_SR, ops.GDN_GW = "-1", None, False
-        e["chunk"] = gdn_entry(CFG, 1, batch=64)
-        ops.GDN_SR = "12"
-        e["chunk_sr12"] = gdn_entry(CFG, 1, batch=64)
-        ops.GDN_SR = None
-        for ge in GE_ROWS:
-            ops.GDN_GE = str(ge)
-            e[f"chunk_ge{ge}"] = gdn_entry(CFG, 1, batch=64)
-        ops.GDN_GE, ops.GDN_GW = None, True
-        e["chunk_b16"] = gdn_entry(CFG, 1, batch=16)
-    finally:
-        ops.GDN_GE, ops.GDN_SR, ops.GDN_GW = saved
+    arch, T = arch_facts("sm_90a"), Tuning.parse
+    e = {"chunk": gdn_entry(CFG, 1, T(["gdn_ge=-1", "gdn_gw=0"]), arch, batch=64),
+         "chunk_sr12": gdn_entry(CFG, 1, T(["gdn_sr=12", "gdn_gw=0"]), arch, batch=64)}
+    for ge in GE_ROWS:
+        e[f"chunk_ge{ge}"] = gdn_entry(CFG, 1, T([f"gdn_ge={ge}", "gdn_gw=0"]), arch, batch=64)
+    e["chunk_b16"] = gdn_entry(CFG, 1, Tuning(), arch, batch=16)
     return e
 
 
@@ -124,7 +116,7 @@ class Case:
         return a
 
     def grid(self):
-        return (self.B * gdn_launch(CFG, 1)["blocks_per_seq"], 1, 1)
+        return (self.B * gdn_launch(CFG, 1, Tuning())["blocks_per_seq"], 1, 1)
 
 
 def run(cubin: str, batches: list[int], reps: int = 30):

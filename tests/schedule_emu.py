@@ -12,7 +12,8 @@ import re
 
 import numpy as np
 
-from qwen38gen.ops import attn_part_floats, attn_stride, resolve_shape
+from qwen38gen.plan.attention import attn_part_floats, attn_stride
+from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import fused_arrays, pack_weights
 from qwen38gen.weights import dequantize, xtile_index
 from tests.gpu import ref_ops as R

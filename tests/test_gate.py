@@ -108,9 +108,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) fine(float* y, unsigned lon
 
 def test_nvcc_serialized_wgmma_fails_the_gate():
     """The same check on what this nvcc prints for a kernel whose wgmmas it serializes."""
-    from qwen38gen.emit import KERNELS_DIR
+    from qwen38gen.emit import kernels_dir
 
-    res = G.compile_source(SERIAL, "serial.cu", arch="sm_90a", include_dirs=(str(KERNELS_DIR),))
+    res = G.compile_source(SERIAL, "serial.cu", arch="sm_90a", include_dirs=(str(kernels_dir()),))
     ks = {k.name: k for k in res.kernels}
     assert ks["fine"].problems() == [] and ks["serial"].serialized.startswith("C75")
     assert res.problems == [f"serial: wgmma instructions serialized by ptxas ({ks['serial'].serialized})"]

@@ -112,8 +112,8 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
                       trace=tr)
     seen = {}
 
-    def fake(cfg, bs, ctx, reps, progress, trace):
-        seen["trace"] = trace
+    def fake(cfg, bs, ctx, reps, progress, trace, tuning):
+        seen["trace"], seen["tuning"] = trace, tuning
         return 4e12, [row]
 
     monkeypatch.setattr(Bm, "bench", fake)
@@ -122,7 +122,7 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
     out = tmp_path / "b.json"
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--model", "tiny", "--batch", "1", "--trace", "--json", str(out)])
-    assert e.value.code == 0 and seen["trace"] is True
+    assert e.value.code == 0 and seen["trace"] is True and seen["tuning"].is_default
     text = capsys.readouterr().out
     assert "B = 1: one replay of the trace variant" in text
     assert "gate_up" in text and "gdn.in" in text and "handover" in text
