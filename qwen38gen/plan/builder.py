@@ -47,7 +47,7 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------------- GEMV choice
     def role(self, wname: str) -> str:
-        return weight_role(wname, self.plan.weights[wname])
+        return weight_role(wname)
 
     def tiled_input(self, wname: str, R: int) -> int:
         """The n-tiles of the activation tile order the GEMV of wname over R rows reads its

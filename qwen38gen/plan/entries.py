@@ -138,19 +138,12 @@ def fused_weights(cfg: ModelConfig, mtp: bool = False) -> dict:
 
 
 
-def weight_role(name: str, w: dict) -> str:
-    """The role of fused weight `name` (tuning.ROLES): what the schedule table is keyed by."""
-    rows, k = w["rows"], w["k"]
-    if rows >= 65536:
-        return "lm_head"
-    if rows >= 24576:
-        return "gate_up"
-    if rows >= 8192:
-        return "in"
-    return "down" if k >= 2 * rows else "out"
+def weight_role(name: str) -> str:
+    """The role of fused weight `name` (tuning.ROLES), what the schedule table is keyed by:
+    L{i}.in / .out / .gate_up / .down and the MTP layer's M.* by their last part, lm_head."""
+    return name.rpartition(".")[2]
 
 
-# ------------------------------------------------------------------------------------ program
 HEADERS = ["common.cuh", "gemv_q4.cuh", "gemm_q4.cuh", "rmsnorm.cuh", "gdn.cuh", "attention.cuh",
            "attention_tc.cuh", "elementwise.cuh", "rows.cuh"]
 MTP_HEADERS = ["speculative.cuh"]
