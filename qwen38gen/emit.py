@@ -19,18 +19,14 @@ from pathlib import Path
 
 from . import __version__
 from .config import ModelConfig
-from .gate import HEADER_END
-from .lanes import Lanes, check_model, lane_name
 from .errors import UserError
+from .lanes import Lanes, check_model, lane_name
+from .manifest import MANIFEST_FORMAT
 from .plan.program import plan_program
+from .source import HEADER_END, kernels_dir
 
-MANIFEST_FORMAT = 1
-
-
-def kernels_dir() -> Path:
-    """The kernels/ folder the headers are inlined from: $QWEN38_KERNELS (read when called), else
-    the checkout's."""
-    return Path(os.environ.get("QWEN38_KERNELS") or Path(__file__).resolve().parent.parent / "kernels")
+__all__ = ["MANIFEST_FORMAT", "Program", "emit_program", "kernels_dir", "program_name",
+           "write_program"]
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .source import HEADER_END, kernels_dir
 
 REGISTER_FILE = 65536
 # sm_90: registers are given out per warp in units of 256 (8 a thread); 228 KiB of shared memory
@@ -32,7 +33,6 @@ SMEM_PER_BLOCK_RESERVED = 1024
 THREADS_PER_SM = 2048
 BLOCKS_PER_SM = 32
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas", "-v")
-HEADER_END = "// ---- end of header ----"
 
 
 @dataclass
@@ -206,8 +206,6 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
 def compile_kernels(source: str, name: str, arch: str = "sm_90") -> GateResult:
     """compile_source for a translation unit over kernels/ (the sweep scripts' variants): a
     compile error is printed with its log and exits 1."""
-    from .emit import kernels_dir
-
     try:
         return compile_source(source, name, arch=arch, include_dirs=(str(kernels_dir()),))
     except CompileError as e:

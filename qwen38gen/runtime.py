@@ -17,6 +17,7 @@ import numpy as np
 from . import launch
 from .config import ModelConfig
 from .errors import UserError
+from .manifest import check_format
 from .plan.program import resolve_shape
 from .weights import BF16
 
@@ -188,6 +189,7 @@ class Runtime:
 
     def __init__(self, cubin: str | Path, manifest: dict, cfg: ModelConfig, tensors: dict,
                  tmax: int):
+        check_format(manifest, f"the manifest of {Path(cubin).name}")
         drv = self.drv = _drv()
         if manifest["model"]["hash"] != cfg.hash:
             raise UserError(f"the program was emitted for model hash {manifest['model']['hash']}, "

@@ -22,6 +22,16 @@ def tuned(*settings) -> Tuning:
     return Tuning.parse(settings)
 
 
+def family(man: dict, L: dict) -> str:
+    """The kernel family of a launch (the manifest's field, not the kernel's name)."""
+    return man["kernels"][L["k"]]["family"]
+
+
+def config(man: dict, L: dict) -> dict:
+    """A GEMV launch's kernel configuration (MT, NT, KS, ... as the manifest gives them)."""
+    return man["kernels"][L["k"]]["config"]
+
+
 @pytest.mark.parametrize("model", ["tiny", "qwen3.8-27b"])
 def test_deterministic_and_self_contained(model):
     cfg = PRESETS[model]
@@ -171,6 +181,26 @@ def test_cli_tune_names_the_program(tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+def test_readers_refuse_an_older_manifest():
+    """The runtime and the schedule emulator read manifest format 2 (typed fields: family, role,
+    tiles); an older one is a one-line error saying to re-emit."""
+    from qwen38gen.manifest import MANIFEST_FORMAT
+    from qwen38gen.runtime import Runtime
+    from tests.schedule_emu import Emu
+
+    cfg = PRESETS["tiny"]
+    man = emit_program(cfg, Lanes.make(2)).manifest
+    assert man["format"] == MANIFEST_FORMAT == 2
+    assert all("family" in k for k in man["kernels"].values())
+    old = {**man, "format": 1}
+    with pytest.raises(UserError, match=r"^the manifest of p\.cubin has format 1; this qwen38gen "
+                                        r"reads manifest format 2: re-emit the program "
+                                        r"\(qwen38gen emit \.\.\.\)$"):
+        Runtime("/nowhere/p.cubin", old, cfg, {}, 8)
+    with pytest.raises(UserError, match=r"^this manifest has format None; this qwen38gen reads"):
+        Emu({k: v for k, v in man.items() if k != "format"}, cfg, {}, 8)
+
+
 def test_prompt_chunk_rows_and_counts():
     """Prefill chunk c of prompts of 1, 5 and 20 tokens at pt 4: row b·pt + t holds token
     c·pt + t of prompt b (0 past its end), ntok counts the real rows."""
@@ -201,8 +231,8 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     part = m["buffers"]["gemm_part"]["shape"][0]
     arrivals = m["buffers"]["gemm_arrivals"]["shape"][0]
     launches = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]]
-    gemm = [L for L in launches if re.match(r"q38_gemv_k\d+_g\d", L["k"])]
-    wgmma = [L for L in launches if re.match(r"q38_gemv_k\d+_wg", L["k"])]
+    gemm = [L for L in launches if family(m, L) == "gemm_q4"]
+    wgmma = [L for L in launches if family(m, L) == "wgmma_q4"]
     btg = prog.lanes.btg
     weights = fused_weights(PRESETS[model]).items()
     want_w = any(wgmma_launch(weight_role(n), w["rows"], w["k"], btg, btg, Tuning(), H200,
@@ -213,22 +243,21 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     for L in gemm + wgmma:
         gx, gy, gz = L["grid"]
         assert m["kernels"][L["k"]]["smem"] <= H200.smem_per_block
+        c, k = config(m, L), m["weights"][L["weight"]]["k"]
+        zs = c["zs"]
         if L in gemm:
-            k, mt, nt, wr, zs = (int(v) for v in re.match(
-                r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
-            need = gemm_part_floats(k, mt, nt, wr) * gx * gy
+            need = gemm_part_floats(k, c["mt"], c["nt"], c["wr"]) * gx * gy
         else:
-            k, wg, mw, nt, zs = (int(v) for v in re.match(
-                r"q38_gemv_k(\d+)_wg(\d+)_mw(\d+)_n(\d+)_s\d+_e\d_x\d_z(\d+)", L["k"]).groups())
-            need = wgmma_part_floats(k, nt, wg, mw) * gx * gy
+            need = wgmma_part_floats(k, c["nt"], c["wg"], c["mw"]) * gx * gy
         assert gz == zs
         if zs > 1:
             assert part >= need and arrivals >= gx * gy
             assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
     # wgmma_sk_q4: one block per SM at most, its published sums and flags in the scratch
-    for L in (L for L in launches if re.match(r"q38_gemv_k\d+_sk", L["k"])):
-        k, cw, nt = (int(v) for v in re.match(r"q38_gemv_k(\d+)_sk(\d+)_n(\d+)_", L["k"]).groups())
-        n_out = m["weights"][L["args"][0][1]]["rows"]   # N is F where SwiGLU is the epilogue
+    for L in (L for L in launches if family(m, L) == "wgmma_sk_q4"):
+        cw, nt = config(m, L)["cw"], config(m, L)["nt"]
+        w = m["weights"][L["weight"]]
+        n_out, k = w["rows"], w["k"]   # the fused weight's rows (N is F where SwiGLU is the epilogue)
         G, tb = sk_grid(n_out, k, cw, H200)
         gx, gy, gz = L["grid"]
         assert (gx, gz) == (G, 1) and G <= H200.sms
@@ -246,12 +275,9 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(batch))
     seen = {}
     for L in prog.manifest["schedule"]["decode"]:
-        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e(\d)_st\d_x(\d)(_a1)?(_ms\d+)?(_z\d)?",
-                         L["k"])
-        if m:
-            # N of a launch; gate_up with SwiGLU in its epilogue (e2) passes the features
-            rows = L["args"][6][1] * (2 if m.group(2) == "2" else 1)
-            seen[rows] = int(m.group(3))
+        if family(prog.manifest, L) == "gemv_q4":
+            rows = prog.manifest["weights"][L["weight"]]["rows"]
+            seen[rows] = config(prog.manifest, L)["xs"]
             if seen[rows]:  # only launches of fewer row blocks than fit the GPU at once
                 assert L["grid"][0] < H200.gemv_wave
     assert seen[5120] == (1 if staged else 0)          # down and out
@@ -274,15 +300,13 @@ def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
         if not isinstance(sched, list):
             continue
         for L in sched:
-            m = re.fullmatch(r"q38_gemv_k(\d+)_m(\d)_n(\d)_s(\d)_e\d_st\d_x\d(_a1)?(_ms\d+)?(_z(\d))?",
-                             L["k"])
-            if not m:
+            if family(prog.manifest, L) != "gemv_q4":
                 continue
-            k, mt, nt, ks = (int(v) for v in m.groups()[:4])
-            zs = int(m.group(8) or 1)
+            c = config(prog.manifest, L)
+            mt, nt, ks, zs = c["mt"], c["nt"], c["ks"], c["zs"]
             N, R = L["args"][6][1], L["args"][7][1]
             ent = prog.manifest["kernels"][L["k"]]
-            rows = -(-N // 16) if not m.group(6) else None
+            rows = -(-N // 16) if not c["ms"] else None
             want = 2 if (nt == 2 and R <= 16 and mt == 1 and rows is not None
                          and rows < H200.gemv_wave and ks % 2 == 0) else 1
             assert zs == want, (phase, L["k"], R)
@@ -506,39 +530,40 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
     for phase, sched in prog.manifest["schedule"].items():
         if not isinstance(sched, list) or phase == "topk":
             continue
-        fused = [L for L in sched if re.search(r"_e2_.*_ms\d+$", L["k"])]
-        fused_sk = [L for L in sched if re.match(r"q38_gemv_k\d+_sk\d+_n\d+_s\d+_e2_", L["k"])]
-        swiglu = [L for L in sched if L["k"].startswith("q38_swiglu")]
+        man = prog.manifest
+        fused = [L for L in sched if L.get("epi") == 2 and family(man, L) == "gemv_q4"]
+        fused_sk = [L for L in sched if L.get("epi") == 2 and family(man, L) == "wgmma_sk_q4"]
+        swiglu = [L for L in sched if family(man, L) == "swiglu"]
         downs = [L for L in sched if L["args"][0][1:2] and str(L["args"][0][1]).endswith(".down")]
         assert len(fused) + len(fused_sk) + len(swiglu) == len(downs) > 0, phase
         for L in fused_sk:
-            R, cw = L["args"][7][1], int(re.match(r"q38_gemv_k\d+_sk(\d+)_", L["k"]).group(1))
-            assert arch == "sm_90a" and str(L["args"][0][1]).endswith(".gate_up")
+            R, cw = L["args"][7][1], config(man, L)["cw"]
+            assert arch == "sm_90a" and L["role"] == "gate_up" and L["up"] == F
             assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
             assert L["grid"][0] == sk_grid(2 * F, cfg.hidden_size, cw, H200)[0]
             nxt = sched[sched.index(L) + 1]
-            assert str(nxt["args"][0][1]).endswith(".down") and nxt["k"].endswith("_t1"), nxt["k"]
+            assert nxt["role"] == "down" and nxt["tiles"] == lanes.btg // 8, nxt["k"]
         for L in fused:
             R = L["args"][7][1]
             assert swiglu_fuses(lanes.btg, R), (phase, R)
-            assert L["k"].endswith(f"_ms{up_tile}") and L["grid"][0] == up_tile
-            assert str(L["args"][0][1]).endswith(".gate_up")
+            assert config(man, L)["ms"] == up_tile and L["grid"][0] == up_tile
+            assert L["role"] == "gate_up" and L["up"] == 16 * up_tile
             assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
         for i, L in enumerate(sched):
-            if str(L["args"][0][1]).endswith(".gate_up") and "_e2_" not in L["k"]:
-                assert sched[i + 1]["k"].startswith("q38_swiglu"), (phase, sched[i + 1]["k"])
+            if L.get("role") == "gate_up" and L["epi"] != 2:
+                assert family(man, sched[i + 1]) == "swiglu", (phase, sched[i + 1]["k"])
     decode = prog.manifest["schedule"]["decode"]
     if batch in (1, 16) and not mtp:
-        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
+        assert not any(family(man, L) == "swiglu" for L in decode)
     if batch in (2, 8) or (batch == 32 and arch == "sm_90"):
-        assert not any("_e2_" in L["k"] for L in decode)
+        assert not any(L.get("epi") == 2 for L in decode)
     if batch >= 24 and arch == "sm_90a" and model == "qwen3.8-27b":   # gate_up on wgmma_sk_q4
-        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
-        assert sum("_sk" in L["k"] and "_e2_" in L["k"] for L in decode) == cfg.num_hidden_layers
+        assert not any(family(man, L) == "swiglu" for L in decode)
+        assert sum(family(man, L) == "wgmma_sk_q4" and L["epi"] == 2
+                   for L in decode) == cfg.num_hidden_layers
 
 
-# Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.
-_TILED_PRODUCER = re.compile(r"q38_(rmsnorm|swiglu|gdn|attn_tc)_\w+_t(\d+)$")
+# The output argument of each producer that may write wgmma_q4's tile order (its kernel's "tiles").
 _OUT_ARG = {"rmsnorm": 2, "swiglu": 1, "gdn": 15, "attn_tc": 10}
 
 
@@ -548,7 +573,7 @@ _OUT_ARG = {"rmsnorm": 2, "swiglu": 1, "gdn": 15, "attn_tc": 10}
                                              ("qwen3.8-27b", 32, 1), ("qwen3.8-27b", 24, 0),
                                              ("qwen3.8-27b", 20, 1)])
 def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
-    """In every schedule, a wgmma_q4 launch with XT = 1 (name ending _t1) reads a buffer whose
+    """In every schedule, a GEMV launch reading the tile order ("tiles" > 0) reads a buffer whose
     last writer wrote it in tile order for the same batch tile, and every tile-order write is
     read next by such a launch and nothing else; in the 27B program at btg 64 the in, out,
     gate_up and decode-step down projections read the tile order (out from the GDN and attn_tc
@@ -564,23 +589,22 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
         tiled: dict[str, int] = {}      # buffer -> nt of the tile order it now holds
         for L in sched:
             args = [a for a in L["args"] if a[0] == "buf"]
-            m = _TILED_PRODUCER.match(L["k"])
-            if L["k"].endswith("_t1"):
-                x = L["args"][2][1]
-                nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
+            kern = prog.manifest["kernels"][L["k"]]
+            if L.get("tiles"):
+                x, nt = L["args"][2][1], L["tiles"]
+                assert kern["xt"] == 1 and nt == L["btg"] // 8, (phase, L["k"])
                 assert tiled.pop(x, None) == nt == btg // 8, (phase, L["k"])
                 nxt += 1
-                if "_sk" in L["k"] and "_e2_" in L["k"]:   # gate_up + SwiGLU on wgmma_sk_q4
+                if kern["family"] == "wgmma_sk_q4" and L["epi"] == 2:   # gate_up + SwiGLU
                     tiled[L["args"][4][1]] = nt
             else:
                 for a in args:   # any other reader or writer of a tile-order buffer
                     assert a[1] not in tiled, (phase, L["k"], a[1])
-            if m:
-                tiled[L["args"][_OUT_ARG[m.group(1)]][1]] = int(m.group(2))
+            if kern.get("tiles") and kern["family"] in _OUT_ARG:
+                tiled[L["args"][_OUT_ARG[kern["family"]]][1]] = kern["tiles"]
         assert not tiled, (phase, tiled)
     n_layers = PRESETS[model].num_hidden_layers
-    decode = [L["k"] for L in prog.manifest["schedule"]["decode"]]
-    n_xt = sum(k.endswith("_t1") for k in decode)
+    n_xt = sum(bool(L.get("tiles")) for L in prog.manifest["schedule"]["decode"])
     if model == "qwen3.8-27b":
         # the decode step's layers, and its lm_head where the lane has no mtp
         assert n_xt == {64: 4, 32: 4, 24: 4, 16: 0}[btg] * n_layers + (btg >= 24 and not mtp), n_xt

@@ -1,7 +1,7 @@
 """The launch schedule of a decode step or a prefill chunk, built as a sequence of layer steps:
 embed, then per layer the linear (GDN) or attention mixer and the MLP, then the final norm and
 the lm_head. Each launch is {"k": entry name, "grid": [x, y, z], "args": [...]} plus typed fields
-the manifest's consumers read (docs in emit.py): a GEMV's "role", "weight", "epi", "btg" and
+the manifest's consumers read (qwen38gen/manifest.py): a GEMV's "role", "weight", "epi", "btg" and
 "tiles" (the n-tiles of the tile order it reads its input in, 0 for rows), and "up" for gate_up
 with SwiGLU in its epilogue.
 """

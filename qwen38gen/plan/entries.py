@@ -62,7 +62,7 @@ class Entry:
             m["resident"] = self.resident
         if self.family:
             m["family"] = self.family
-        m.update(self.meta)
+        m.update((k, dict(v) if isinstance(v, dict) else v) for k, v in self.meta)
         return m
 
 

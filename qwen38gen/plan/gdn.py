@@ -101,4 +101,5 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
                  f"q38::GdnLaunch<{ltargs}>::smem_bytes == {L['smem']}",
                  f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
                  f"q38::GdnLaunch<{ltargs}>::min_blocks == {L['min_blocks']}"),
-        family="gdn", meta=(("tiles", tnt), ("pt", pt)))
+        family="gdn", meta=(("tiles", tnt), ("pt", pt), ("ring", ring), ("slots", slots),
+                            ("each", each)))

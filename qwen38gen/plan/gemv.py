@@ -97,7 +97,9 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
                  min_blocks=1,
                  asserts=(f"q38::GemvLaunch<{mt}, {nt}, {ks}, {st}, {a}"
                           + (f", {zs}" if zs > 1 else "") + f">::dyn_smem_bytes == {smem}",),
-                 family="gemv_q4", meta=(("xt", 0),))
+                 family="gemv_q4",
+                 meta=(("xt", 0), ("config", {"mt": mt, "nt": nt, "ks": ks, "st": st, "xs": xs,
+                                               "as": a, "ms": ms, "zs": zs})))
 
 
 def gemm_config(role: str, btg: int) -> tuple[int, int, int, int] | None:
@@ -157,7 +159,9 @@ def gemm_entry(k: int, btg: int, epi: int, mt: int, wr: int, st: int, zs: int,
                  waits=True, min_blocks=mb,
                  asserts=(f"q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::dyn_smem_bytes "
                           f"== {smem}",),
-                 family="gemm_q4", meta=(("xt", 0),))
+                 family="gemm_q4",
+                 meta=(("xt", 0), ("config", {"mt": mt, "nt": nt, "ks": ks, "wr": wr, "st": st,
+                                               "zs": zs, "mb": mb})))
 
 
 def gemm_part_floats(k: int, mt: int, nt: int, wr: int) -> int:

@@ -17,13 +17,14 @@ def spec_accept_entry(kp: int) -> Entry:
     return Entry(f"q38_spec_accept_k{kp - 1}", f"q38::spec_accept<{kp}>",
                  (("int*", "vtok"), (I32, "a"), ("int*", "emit"), ("int*", "count"),
                   ("int*", "slot"), ("int*", "ntok_m"), ("int", "B")), SPEC_THREADS,
-                 asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",), family="spec_accept")
+                 asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",), family="spec_accept",
+                 meta=(("kp", kp),))
 
 
 def spec_tokens_entry(pt: int) -> Entry:
     return Entry(f"q38_spec_tokens_pt{pt}", f"q38::spec_tokens<{pt}>",
                  ((I32, "mnext"), (I32, "next"), ("int*", "mtok"), ("int", "R")), SPEC_THREADS,
-                 family="spec_tokens")
+                 family="spec_tokens", meta=(("pt", pt),))
 
 
 def spec_pos_entry() -> Entry:

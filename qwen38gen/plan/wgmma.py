@@ -73,7 +73,9 @@ def wgmma_entry(k: int, btg: int, epi: int, wg: int, mw: int, xs: int, zs: int,
                  params=GEMM_PARAMS, threads=128 * wg, smem=smem, waits=True, min_blocks=mb,
                  resident=resident,
                  asserts=(f"q38::WgmmaLaunch<{targs}>::dyn_smem_bytes == {smem}",),
-                 family="wgmma_q4", meta=(("xt", xt),))
+                 family="wgmma_q4",
+                 meta=(("xt", xt), ("config", {"nt": nt, "ks": ks, "wg": wg, "mw": mw, "xs": xs,
+                                                "zs": zs, "mb": mb, "pp": pp})))
 
 
 def sk_small_launch(role: str, btg: int, tuning: Tuning) -> tuple[int, int, int] | None:
@@ -135,4 +137,5 @@ def sk_entry(k: int, btg: int, epi: int, cw: int, xs: int, pp: int) -> Entry:
                  asserts=(f"q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes{sw} == {smem}",
                           f"q38::WgmmaSkLaunch<{targs}>::threads == {128 * (cw + 1)}",
                           f"q38::WgmmaSkLaunch<{targs}>::pub_floats == {sk_pub_floats(btg, cw)}"),
-                 family="wgmma_sk_q4", meta=(("xt", 1),))
+                 family="wgmma_sk_q4",
+                 meta=(("xt", 1), ("config", {"nt": nt, "ks": ks, "cw": cw, "xs": xs, "pp": pp})))
