@@ -332,8 +332,9 @@ def _cut_at(tokens: list[int], stop: tuple[int, ...]) -> list[int]:
 # ---------------------------------------------------------------------------------------- lanes
 @cli.command("lanes")
 def lanes_cmd():
-    """The supported set of lane choices and model dimensions."""
+    """The supported set of lane choices, model dimensions and tuning settings."""
     from qwen38gen.lanes import supported_table
+    from qwen38gen.tuning import ROLES, tuning_table
 
     t = Table(title="supported lanes")
     t.add_column("field")
@@ -341,6 +342,35 @@ def lanes_cmd():
     for k, v in supported_table():
         t.add_row(k, v)
     out.print(t)
+    t = Table(title="tuning (--tune KEY=VALUE; a non-default value is part of the lane name)")
+    for c in ("key", "supported", "default", "what"):
+        t.add_column(c)
+    for row in tuning_table():
+        t.add_row(*row)
+    out.print(t)
+    out.print(f"ROLE: {', '.join(ROLES)}; per-role defaults come from the schedule table "
+              "(qwen38gen/plan/table.py)")
+
+
+def _tune_options(f):
+    for opt in reversed([
+        click.option("--tune", "tune", multiple=True, metavar="KEY=VALUE",
+                     help="A schedule choice away from the table's (repeatable; see `lanes`), "
+                          "e.g. gdn_ge=4 or gate_up.sk16=3:6:1."),
+        click.option("--tune-file", type=click.Path(path_type=Path), default=None,
+                     help="A file of KEY=VALUE tuning lines ('#' comments), before --tune."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _tuning(tune=(), tune_file=None):
+    """The Tuning of a command: the QWEN38_* variables of the A/B runs (read now), then
+    --tune-file, then --tune, later settings winning."""
+    from qwen38gen.tuning import Tuning, read_tune_file, tuning_from_env
+
+    settings = tuning_from_env() + (read_tune_file(tune_file) if tune_file else []) + list(tune)
+    return Tuning.parse(settings)
 
 
 # ----------------------------------------------------------------------------------------- emit
@@ -358,14 +388,16 @@ def lanes_cmd():
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="The .cu to write (default: the lane's name in the current folder).")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the program instead.")
-def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout):
+@_tune_options
+def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tune_file):
     """Write the self-contained .cu decode program and its launch manifest."""
     from qwen38gen.config import load_config
     from qwen38gen.emit import emit_program, write_program
     from qwen38gen.lanes import Lanes
 
     cfg = load_config(model)
-    lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head)
+    lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
+                       tuning=_tuning(tune, tune_file))
     prog = emit_program(cfg, lanes)
     if to_stdout:
         sys.stdout.write(prog.source)
@@ -461,13 +493,14 @@ def _lanes_options(f):
         click.option("--lm-head", default="int4", show_default=True),
     ]):
         f = opt(f)
-    return f
+    return _tune_options(f)
 
 
-def _make_lanes(batch, btg, pt, mtp, arch, lm_head):
+def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
     from qwen38gen.lanes import Lanes
 
-    return Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head)
+    return Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
+                      tuning=_tuning(tune, tune_file))
 
 
 @cli.command()
@@ -662,7 +695,8 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--trace", is_flag=True, default=False,
               help="Also replay each B's trace variant once (every block's start, wait and end "
                    "on %globaltimer) and print where the step's time goes launch by launch.")
-def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace):
+@_tune_options
+def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen import bench as Bm
     from qwen38gen.config import load_config
@@ -674,12 +708,13 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace):
         raise UserError(f"--reps {reps}: the median needs at least 20 timed replays")
     if ctx < 1:
         raise UserError(f"--ctx {ctx} must be ≥ 1")
+    tuning = _tuning(tune, tune_file)
     if mtp:
-        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out)
+        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning)
         return
     with err.status("bench") as st:
         bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m),
-                            trace=trace)
+                            trace=trace, tuning=tuning)
     from qwen38gen import launch
 
     pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
@@ -758,7 +793,7 @@ def _bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
     return [t, g]
 
 
-def _bench_mtp(cfg, bs, ctx, reps, k, json_out):
+def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
     import subprocess
 
@@ -768,7 +803,8 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out):
 
     Lanes.make(1, mtp=k)  # a bad K fails here, before any GPU work
     with err.status("bench --mtp") as st:
-        rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m))
+        rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m),
+                            tuning=tuning)
     t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
                     f"drafter) vs plain decode step, T = {ctx}")
     for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",

@@ -18,12 +18,10 @@ from .check import build
 from .config import ModelConfig
 from .lanes import Lanes
 from .runtime import DeviceFill, Runtime, _drv
+from .timing import KINDS, kind_of, time_graph
+from .tuning import Tuning
 
-KINDS = (("gemv", "q38_gemv"), ("delta rule", "q38_gdn"), ("attention", "q38_attn"))
-
-
-def kind_of(kernel: str) -> str:
-    return next((k for k, prefix in KINDS if kernel.startswith(prefix)), "rest")
+__all__ = ["BenchRow", "bench", "fill_state", "kind_of", "time_graph", "to_json", "plot"]
 
 
 @dataclass
@@ -92,26 +90,6 @@ def time_back_to_back(drv, stream, launch, reps: int, warmup: int = 3) -> float:
     return e1.time_since(e0) / 1e3 / reps
 
 
-def time_graph(rt: Runtime, ctx: int, warmup: int, reps: int, phase: str = "decode",
-               after=None) -> list[float]:
-    """Seconds per replay of a phase's graph, each from position ctx; `after()` runs after every
-    timed replay."""
-    drv = rt.drv
-    out = []
-    for i in range(warmup + reps):
-        rt.put("pos", np.full(rt.B, ctx, np.int32))   # every replay sees T = ctx
-        e0, e1 = drv.Event(), drv.Event()
-        e0.record(rt.stream)
-        rt.run_phase(phase)
-        e1.record(rt.stream)
-        e1.synchronize()
-        if i >= warmup:
-            out.append(e1.time_since(e0) / 1e3)
-            if after:
-                after()
-    return out
-
-
 def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
     """Seconds per kind of kernel in one step, each launch timed on its own (median of reps)."""
     drv = rt.drv
@@ -128,7 +106,7 @@ def time_kernels(rt: Runtime, ctx: int, reps: int = 3) -> dict[str, float]:
         evs[-1][2].synchronize()
         times: dict[str, float] = {}
         for (L, e0, e1), s in zip(evs, rt.manifest["schedule"]["decode"]):
-            k = kind_of(s["k"])
+            k = kind_of(rt.manifest, s)
             times[k] = times.get(k, 0.0) + e1.time_since(e0) / 1e3
         for k, v in times.items():
             per.setdefault(k, [])
@@ -149,7 +127,8 @@ def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, floa
     drv, sched = rt.drv, rt.manifest["schedule"]["decode"]
     out = {}
     for kind in [k for k, _ in KINDS] + ["rest"]:
-        subset = [L for L, s in zip(rt.launches["decode"], sched) if kind_of(s["k"]) == kind]
+        subset = [L for L, s in zip(rt.launches["decode"], sched)
+                  if kind_of(rt.manifest, s) == kind]
         if not subset:
             continue
         exe = rt.graphs.capture(rt.stream, lambda: rt.launch_list(subset))
@@ -182,7 +161,8 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 
 
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
-          progress=None, trace: bool = False) -> tuple[float, list[BenchRow]]:
+          progress=None, trace: bool = False,
+          tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
     drv = _drv()
     ctx0 = drv.Device(0).make_context()
     try:
@@ -191,7 +171,7 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
         ctx0.pop()
     rows = []
     for B in batches:
-        lanes = Lanes.make(B, pt=1)
+        lanes = Lanes.make(B, pt=1, tuning=tuning)
         if progress:
             progress(f"B={B}: emit + nvcc")
         cubin, man = build(cfg, lanes)

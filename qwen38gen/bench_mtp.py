@@ -20,6 +20,7 @@ from .check import build
 from .config import ModelConfig
 from .lanes import Lanes
 from .runtime import DeviceFill, Runtime
+from .tuning import Tuning
 
 ALPHAS = (0.5, 0.7, 0.9)
 
@@ -51,18 +52,18 @@ def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[flo
 
 
 def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup: int = 5,
-              reps: int = 30, progress=None) -> list[MtpRow]:
+              reps: int = 30, progress=None, tuning: Tuning = Tuning()) -> list[MtpRow]:
     rows = []
     for B in batches:
         say = progress or (lambda m: None)
-        plain = Lanes.make(B, pt=1)
+        plain = Lanes.make(B, pt=1, tuning=tuning)
         say(f"B={B}: plain program, emit + nvcc")
         cubin, man = build(cfg, plain)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
             fill_state(rt, ctx)
             say(f"B={B}: timing {reps} plain decode replays")
             tp = statistics.median(time_graph(rt, ctx, warmup, reps))
-        lanes = Lanes.make(B, pt=k + 1, mtp=k)
+        lanes = Lanes.make(B, pt=k + 1, mtp=k, tuning=tuning)
         say(f"B={B}: mtp={k} program, emit + nvcc")
         cubin, man = build(cfg, lanes)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + k + 2) as rt:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .hf_fields import HfFields
+from .presets import FULL, LINEAR, PRESET_FIELDS, PUBLISHED, hybrid as _hybrid  # noqa: F401 (re-exported)
 
-LINEAR = "linear_attention"
-FULL = "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
 
 # int4 g128: 4 bits per weight plus one bf16 scale per 128 weights (PERF.md).
@@ -434,7 +433,7 @@ class ModelConfig:
             )
         del arch
 
-        f = _Fields(cfg, name)
+        f = HfFields(cfg, name)
         n_layers = f.integer("num_hidden_layers")
         layer_types = cfg.get("layer_types")
         if layer_types is None:
@@ -451,7 +450,7 @@ class ModelConfig:
             raise UserError(
                 f"config {name!r}: rope_type {rope_type!r} is not supported; supported: default"
             )
-        r = _Fields(rope, name, "rope_parameters.")
+        r = HfFields(rope, name, "rope_parameters.")
         if "rope_theta" in rope:
             theta = r.number("rope_theta")
         elif "rope_theta" in cfg:
@@ -493,7 +492,7 @@ class ModelConfig:
             max_position_embeddings=f.integer("max_position_embeddings", 262144),
             attn_output_gate=f.flag("attn_output_gate", True),
             bos_token_id=f.token_id("bos_token_id"),
-            eos_token_id=_Fields({"eos_token_id": eos}, name).token_id("eos_token_id"),
+            eos_token_id=HfFields({"eos_token_id": eos}, name).token_id("eos_token_id"),
         )
 
     @classmethod
@@ -511,133 +510,8 @@ class ModelConfig:
         return cls.from_hf_dict(raw, name=p.parent.name or p.stem)
 
 
-class _Fields:
-    """Typed reads of an HF config's keys: a wrong type or range is a UserError naming the key,
-    the value as JSON and what is expected; a missing key without a default names the key."""
-
-    _MISSING = object()
-
-    def __init__(self, d: dict, name: str, prefix: str = ""):
-        self.d, self.name, self.prefix = d, name, prefix
-
-    def wrong(self, key: str, v, expected: str) -> UserError:
-        shown = json.dumps(v, default=str)
-        return UserError(f"config {self.name!r}: {self.prefix}{key} is {shown}; "
-                         f"expected {expected}")
-
-    def _get(self, key, default):
-        if key in self.d:
-            return self.d[key]
-        if default is self._MISSING:
-            raise UserError(f"config {self.name!r}: missing key {self.prefix + key!r} in the "
-                            "text config")
-        return default
-
-    def integer(self, key: str, default=_MISSING, least: int = 1) -> int:
-        v = self._get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < least:
-            raise self.wrong(key, v, "a positive integer" if least == 1
-                             else f"an integer ≥ {least}")
-        return v
-
-    def number(self, key: str, default=_MISSING) -> float:
-        v = self._get(key, default)
-        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
-                or v <= 0):
-            raise self.wrong(key, v, "a positive number")
-        return float(v)
-
-    def flag(self, key: str, default=_MISSING) -> bool:
-        v = self._get(key, default)
-        if not isinstance(v, bool):
-            raise self.wrong(key, v, "true or false")
-        return v
-
-    def int_list(self, key: str) -> list[int]:
-        v = self._get(key, self._MISSING)
-        if not (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
-                                            and x >= 0 for x in v)):
-            raise self.wrong(key, v, "a list of non-negative integers")
-        return v
-
-    def token_id(self, key: str) -> int | None:
-        v = self.d.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise self.wrong(key, v, "a token id (an integer ≥ 0) or null")
-        return v
-
-
-def _hybrid(n: int, interval: int = 4) -> tuple[str, ...]:
-    return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(n))
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "qwen3.8-27b": ModelConfig(
-        name="qwen3.8-27b", hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
-        vocab_size=248320, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(64),
-        bos_token_id=248044, eos_token_id=248044,
-    ),
-    # The published dense Qwen3.5 sizes below 27B. Their text_config numbers, as released in
-    # Qwen/Qwen3.5-{0.8B,2B,4B,9B}/config.json (read through public copies found with the search
-    # tool: the 0.8B and 2B dicts in a Qwen3.5 MLX port's tests (cortexlab, tests of
-    # models/architectures/qwen3_5), the 0.8B's full text_config in a Rust port's test (bos null,
-    # eos 248044, mtp_num_hidden_layers 1, tie_word_embeddings true), the 4B's in a
-    # qwen_drive checkpoint's vlm_config (hidden 2560, intermediate 9216, tied) and an MLX adapter
-    # test (32 layers, 16/4 heads, 16/32 GDN heads), the 9B's full text_config in medrl's
-    # architecture test (tie_word_embeddings false), and a size table over all four read off the
-    # published config.json files (open_kernels recipes tests)). Every size shares the 27B's
-    # per-head geometry: head_dim 256, rotary 64 (factor 0.25, mrope [11, 11, 10]), GDN heads of
-    # 128 x 128, 16 GDN key heads, conv 4, a full-attention layer every fourth, vocab 248320,
-    # rope_theta 1e7, eps 1e-6, one MTP layer. They differ in widths, in the GDN value heads per
-    # key head (r = 1 for 0.8B/2B, 2 for 4B/9B, 3 for 27B) and in tied embeddings (0.8B-4B).
-    "qwen3.5-0.8b": ModelConfig(
-        name="qwen3.5-0.8b", hidden_size=1024, num_hidden_layers=24, intermediate_size=3584,
-        vocab_size=248320, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(24),
-        tie_word_embeddings=True, eos_token_id=248044,
-    ),
-    "qwen3.5-2b": ModelConfig(
-        name="qwen3.5-2b", hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
-        vocab_size=248320, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(24),
-        tie_word_embeddings=True, eos_token_id=248044,
-    ),
-    "qwen3.5-4b": ModelConfig(
-        name="qwen3.5-4b", hidden_size=2560, num_hidden_layers=32, intermediate_size=9216,
-        vocab_size=248320, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(32),
-        tie_word_embeddings=True, eos_token_id=248044,
-    ),
-    "qwen3.5-9b": ModelConfig(
-        name="qwen3.5-9b", hidden_size=4096, num_hidden_layers=32, intermediate_size=12288,
-        vocab_size=248320, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(32),
-        eos_token_id=248044,
-    ),
-    "tiny": ModelConfig(
-        name="tiny", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
-        vocab_size=1024, num_attention_heads=6, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=_hybrid(8),
-    ),
-    "toy": ModelConfig(
-        name="toy", hidden_size=64, num_hidden_layers=8, intermediate_size=96, vocab_size=256,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=24,
-        linear_conv_kernel_dim=4, layer_types=_hybrid(8), mrope_section=(2, 1, 1),
-    ),
-}
-
-# The published dense sizes, smallest first (`qwen38gen info --list`); qwen3.8-27b is the 27B
-# (Qwen/Qwen3.5-27B's text_config, MODEL.md §1.1).
-PUBLISHED = {"0.8B": "qwen3.5-0.8b", "2B": "qwen3.5-2b", "4B": "qwen3.5-4b", "9B": "qwen3.5-9b",
-             "27B": "qwen3.8-27b"}
+PRESETS: dict[str, ModelConfig] = {name: ModelConfig(name=name, **fields)
+                                   for name, fields in PRESET_FIELDS.items()}
 
 DEFAULT_PRESET = "tiny"
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UserError
-from .resources import kernels_dir
+from .source import HEADER_END, kernels_dir
 
 REGISTER_FILE = 65536
 # sm_90: registers are given out per warp in units of 256 (8 a thread); 228 KiB of shared memory
@@ -33,7 +33,6 @@ SMEM_PER_BLOCK_RESERVED = 1024
 THREADS_PER_SM = 2048
 BLOCKS_PER_SM = 32
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas", "-v")
-HEADER_END = "// ---- end of header ----"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 from .config import ModelConfig
 from .errors import UserError
+from .tuning import Tuning
 
 PT_ENV = "QWEN38_PT"
 DEFAULT_PT = 16
@@ -52,7 +53,7 @@ def _describe(allowed) -> str:
 
 def default_btg(batch: int) -> int:
     """The smallest supported batch tile that holds min(batch, 64) sequences: one pass over the
-    weights serves up to 64 sequences (wgmma_q4 or gemm_q4 at 64 rows, ops.wgmma_config). The
+    weights serves up to 64 sequences (wgmma_q4 or gemm_q4 at 64 rows, plan/table.py). The
     24-row tile (version 16) serves B = 17 ... 24 for less than the 32-row one."""
     want = min(batch, 64)
     return next(t for t in SUPPORTED["btg"] if t >= want)
@@ -86,9 +87,17 @@ class Lanes:
     mtp: int = 0
     arch: str = DEFAULT_ARCH
     lm_head: str = "int4"
+    # The schedule choices beyond the lanes (tuning.py): the table's unless set, and then part
+    # of the name.
+    tuning: Tuning = Tuning()
 
     def __post_init__(self):
+        if not isinstance(self.tuning, Tuning):
+            raise UserError(f"lane tuning={self.tuning!r} is not a Tuning; build it with "
+                            "Tuning.parse(['KEY=VALUE', ...])")
         for f in fields(self):
+            if f.name == "tuning":
+                continue
             v = getattr(self, f.name)
             allowed = SUPPORTED[f.name]
             ok = v in allowed and (type(v) is bool) == (f.name == "q4")
@@ -116,13 +125,19 @@ class Lanes:
         return lane_name(self)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The lane choices; "tuning" (its non-default settings) only where it is not the
+        table's, so that a default program's header and manifest stay as they were."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tuning"}
+        if not self.tuning.is_default:
+            d["tuning"] = dict(self.tuning.settings())
+        return d
 
 
 def lane_name(lanes: Lanes) -> str:
     """The one name: file names, kernel-name suffixes, cache keys and golden files derive from it."""
     return (f"b{lanes.batch}-btg{lanes.btg}-pt{lanes.pt}-{'q4' if lanes.q4 else 'bf16'}"
-            f"-mtp{lanes.mtp}-{lanes.arch.replace('_', '')}-lm{lanes.lm_head}")
+            f"-mtp{lanes.mtp}-{lanes.arch.replace('_', '')}-lm{lanes.lm_head}"
+            + lanes.tuning.suffix())
 
 
 def check_model(cfg: ModelConfig) -> None:

@@ -1,7 +1,7 @@
 """`qwen38gen bench --peers`: torch's own kernels over the linear layers of one decode step.
 
 Two peers, each timed as a CUDA graph of the whole step's linear layers (the 64 layers' fused
-in / out / gate_up / down weights and lm_head, in step order, the shapes of `ops.fused_weights`),
+in / out / gate_up / down weights and lm_head, in step order, the shapes of `plan.entries.fused_weights`),
 replayed like our own step (warm-up, then the median of `reps` replays timed with CUDA events):
 
 - ``cublas_bf16``: y = x @ W.T, x [B, k] and W [rows, k] bf16 (``torch.nn.functional.linear``);
@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 
 from .config import ModelConfig
-from .ops import fused_weights
+from .plan.entries import fused_weights
 
 GROUP = 128
 INNER_K_TILES = 8        # 16-byte loads, gpt-fast's default; our k (5120, 6144, 17408) % 128 == 0

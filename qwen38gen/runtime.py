@@ -17,7 +17,8 @@ import numpy as np
 from . import launch
 from .config import ModelConfig
 from .errors import UserError
-from .ops import resolve_shape
+from .manifest import check_format
+from .plan.program import resolve_shape
 from .weights import BF16
 
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
@@ -188,6 +189,7 @@ class Runtime:
 
     def __init__(self, cubin: str | Path, manifest: dict, cfg: ModelConfig, tensors: dict,
                  tmax: int):
+        check_format(manifest, f"the manifest of {Path(cubin).name}")
         drv = self.drv = _drv()
         if manifest["model"]["hash"] != cfg.hash:
             raise UserError(f"the program was emitted for model hash {manifest['model']['hash']}, "

@@ -5,7 +5,7 @@ schedule one CUDA graph) and on the numpy schedule emulator (``tests/schedule_em
 Executor: ``reset()`` (zero the per-sequence state and positions), ``put(name, array)``,
 ``get(name) -> array`` (the manifest buffer, shaped), ``run_phase(name)`` (one schedule).
 
-The program (``ops.plan_program`` with lanes.mtp = K) has two schedules this loop uses:
+The program (``plan.program.plan_program`` with lanes.mtp = K) has two schedules this loop uses:
 
 * ``prefill``: a prompt chunk of pt rows per sequence through the target, then the MTP rows over
   the chunk (row t: the next prompt token — host-supplied in ``mnext``, −1 on a prompt's last row

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .timing import kind_of, time_graph
+
 REC = np.dtype([("grid", "<u8"), ("t0", "<u8"), ("tw", "<u8"), ("t1", "<u8"), ("kid", "<u4"),
                 ("smid", "<u4")])   # kernels/trace.cuh TraceRec (40 bytes)
 CTL = np.dtype([("buf", "<u8"), ("cap", "<u4"), ("n", "<u4")])   # TraceCtl
@@ -66,18 +68,19 @@ class Timeline:
                 "launches": [asdict(s) for s in self.launches]}
 
 
-def weight_label(cfg, args: list) -> tuple[str | None, str | None]:
-    """(label, fused weight name) of a GEMV launch from its first argument, else (None, None)."""
-    if not args or args[0][0] != "w":
+def weight_label(cfg, launch: dict) -> tuple[str | None, str | None]:
+    """(label, fused weight name) of a GEMV launch from its manifest fields "role" and
+    "weight", else (None, None): the role, gdn.in / attn.in for a layer's in projection, mtp.ROLE
+    for the MTP layer's weights."""
+    name, role = launch.get("weight"), launch.get("role")
+    if name is None:
         return None, None
-    name = args[0][1]                     # "L3.gate_up", "lm_head", "M.in"
-    layer, _, part = name.partition(".")
-    if not part:
-        return name, name
-    if part == "in" and layer.startswith("L"):
-        i = int(layer[1:])
+    if name.startswith("M."):
+        return f"mtp.{role}", name
+    if role == "in":
+        i = int(name[1:].partition(".")[0])            # "L3.in"
         return ("gdn.in" if i in cfg.linear_layers else "attn.in"), name
-    return (part if layer.startswith("L") else f"mtp.{part}"), name
+    return role, name
 
 
 def group_launches(recs: np.ndarray, names: list[str], sched: list[dict]) -> list[np.ndarray]:
@@ -105,8 +108,6 @@ def group_launches(recs: np.ndarray, names: list[str], sched: list[dict]) -> lis
 
 def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None) -> Timeline:
     """Per-launch spans of one decode replay from its block records (see the module doc)."""
-    from .bench import kind_of
-
     sched = manifest["schedule"]["decode"]
     groups = group_launches(recs, manifest["trace"], sched)
     t00 = min(int(g["t0"].min()) for g in groups)
@@ -119,8 +120,8 @@ def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None)
         start, end = us(g["t0"].min()), us(g["t1"].max())
         waited = g["tw"][g["tw"] > 0]
         release = us(waited.min()) if len(waited) else start
-        kind = kind_of(s["k"])
-        label, wname = weight_label(cfg, s["args"]) if kind == "gemv" else (None, None)
+        kind = kind_of(manifest, s)
+        label, wname = weight_label(cfg, s) if kind == "gemv" else (None, None)
         wb = 0
         if wname in weights:
             w = weights[wname]
@@ -154,8 +155,6 @@ def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None)
 def record(rt, ctx: int, warmup: int = 5) -> tuple[np.ndarray, float]:
     """One decode replay of a trace-variant program (Runtime rt, state filled): its block
     records, and the median time of the warm-up replays (s)."""
-    from .bench import time_graph
-
     drv = rt.drv
     cap = sum(int(np.prod(s["grid"])) for s in rt.manifest["schedule"]["decode"])
     buf = drv.mem_alloc(cap * REC.itemsize)

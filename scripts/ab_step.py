@@ -1,17 +1,19 @@
 """A/B of whole decode steps: variants of the program benched in turn, in one device call.
 
-A variant is a name, optional patches and optional environment settings, one per line of a spec
-file (the first line is the base the others are compared with; '#' starts a comment):
+A variant is a name, optional patches and optional tuning settings (`qwen38gen lanes` lists
+them; each is passed as --tune KEY=VALUE, so a variant's programs carry their own names), one
+per line of a spec file (the first line is the base the others are compared with; '#' starts a
+comment). NAME=VALUE (capitals) sets an environment variable of the variant's processes.
 
     base
-    cw4      QWEN38_SK_CFG=gate_up=4:4:0
-    four     patch=bench/patches/X.diff QWEN38_SK_CFG=gate_up=4:4:0,lm_head=4:4:0
+    cw4      tune=gate_up.sk_cfg=4:4:0
+    four     patch=bench/patches/X.diff tune=gate_up.sk_cfg=4:4:0 tune=lm_head.sk_cfg=4:4:0
 
   prep SPEC --batch 64[,32]          on the CPU machine: a variant with patches gets its own copy
                                      of the tree under .ab/NAME (tracked and untracked files, not
                                      bench/), the patches applied; every variant's bench programs
                                      are compiled and gated into the cache folder (--cache,
-                                     default .cache/ab) with its settings.
+                                     default .cache/ab) with its tuning.
   run SPEC --batch 64 [--rounds 2] [--json F]
                                      on the GPU machine: `qwen38gen bench` of each variant in its
                                      tree with its settings, the variants alternating, ROUNDS
@@ -55,6 +57,10 @@ class Variant:
     name: str
     patches: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    tune: list[str] = field(default_factory=list)     # KEY=VALUE, as --tune takes them
+
+    def tune_args(self) -> list[str]:
+        return [a for t in self.tune for a in ("--tune", t)]
 
     def tree(self, root: Path = ROOT) -> Path:
         """The tree this variant runs in: the checkout itself, or its patched copy."""
@@ -78,10 +84,17 @@ def parse_spec(text: str, where: str = "spec") -> list[Variant]:
             if w.startswith("patch="):
                 v.patches.append(w[len("patch="):])
                 continue
+            if w.startswith("tune="):
+                t = w[len("tune="):]
+                if "=" not in t:
+                    raise SpecError(f"{where}:{n}: {w!r} is not tune=KEY=VALUE (e.g. "
+                                    "tune=gate_up.sk16=3:6:1; `qwen38gen lanes` lists the keys)")
+                v.tune.append(t)
+                continue
             m = _ENV.match(w)
             if not m:
-                raise SpecError(f"{where}:{n}: {w!r} is neither patch=FILE nor NAME=VALUE "
-                                "(an environment variable in capitals)")
+                raise SpecError(f"{where}:{n}: {w!r} is neither patch=FILE, tune=KEY=VALUE nor "
+                                "NAME=VALUE (an environment variable in capitals)")
             v.env[m.group(1)] = m.group(2)
         out.append(v)
     if not out:
@@ -159,7 +172,7 @@ def stamp(v: Variant, root: Path = ROOT) -> dict:
     its settings. prep records it per variant (.ab/.stamps/NAME.json, with the batches prepared);
     run refuses a variant whose spec line or patches changed since, or a batch not prepared."""
     return {"patches": [hashlib.sha256((root / p).read_bytes()).hexdigest()[:16] for p in v.patches],
-            "env": v.env}
+            "env": v.env, "tune": v.tune}
 
 
 def _stamp_path(v: Variant, root: Path) -> Path:
@@ -174,7 +187,7 @@ def check_prepared(variants: list[Variant], batches: list[int], root: Path = ROO
         if not sp.is_file():
             raise SpecError(f"variant {v.name!r} was not prepared; run prep first and carry {AB_DIR}")
         st = json.loads(sp.read_text())
-        if {k: st.get(k) for k in ("patches", "env")} != stamp(v, root):
+        if {k: st.get(k) for k in ("patches", "env", "tune")} != stamp(v, root):
             raise SpecError(f"variant {v.name!r} changed since it was prepared (its patches or "
                             "settings); run prep again")
         left = sorted(set(batches) - set(st.get("batches", [])))
@@ -189,7 +202,8 @@ def prep(variants: list[Variant], batches: list[int], cache: str = CACHE, root: 
         if v.patches:
             print(f"{v.name}: tree {make_tree(v, root).relative_to(root)}", flush=True)
         specs = [f"qwen3.8-27b:{b}" for b in batches]
-        r = subprocess.run([sys.executable, "scripts/precompile.py", *specs], cwd=v.tree(root),
+        r = subprocess.run([sys.executable, "scripts/precompile.py", *v.tune_args(), *specs],
+                           cwd=v.tree(root),
                            env=variant_env(v, root, cache=cache), capture_output=True, text=True)
         if r.returncode:
             log = (r.stdout + r.stderr).strip()
@@ -208,7 +222,8 @@ def prep(variants: list[Variant], batches: list[int], cache: str = CACHE, root: 
 def bench_once(v: Variant, batches: list[int], out: Path, cache: str = CACHE,
                root: Path = ROOT) -> dict:
     cmd = [sys.executable, "-m", "cli", "bench", "--model", "qwen3.8-27b",
-           "--batch", ",".join(map(str, batches)), "--ctx", "1024", "--json", str(out)]
+           "--batch", ",".join(map(str, batches)), "--ctx", "1024", "--json", str(out),
+           *v.tune_args()]
     r = subprocess.run(cmd, cwd=v.tree(root), env=variant_env(v, root, cache=cache),
                        capture_output=True, text=True)
     if r.returncode:

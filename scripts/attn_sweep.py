@@ -15,7 +15,7 @@ variant of another class is compared with the first variant of the sweep (the de
 within a relative L2 tolerance instead (reported as `tol`).
 Every row of a batch sees n = T slots. The K/V caches rotate over distinct per-layer buffers
 (≥ 8 of them, ≥ 256 MiB in all), so no launch finds its cache in L2 (50 MB). The split scratch
-(part) and the arrival counters are sized as ops.py sizes attn_part / attn_arrivals; the counters
+(part) and the arrival counters are sized as qwen38gen/plan sizes attn_part / attn_arrivals; the counters
 must be 0 again after every launch (checked at the end of each variant).
 """
 
@@ -35,6 +35,7 @@ D, H, HKV, PT = 256, 24, 4, 1
 G = H // HKV
 LD = 2 * H * D + 2 * HKV * D  # the fused q|gate|k|v projection row
 MAX_SPLITS = 32
+CC_BLOCKS = 264    # grid.x target of the CUDA-core attn variants: about two blocks per SM
 # attn (CUDA cores): (NW, U, HG, ST, SP, MB, RX); attn_tc (tensor cores, attention_tc.cuh):
 # ("tc", NW, ST, SP, MB, QC). The first is the CUDA-core default schedule (the bitwise reference of
 # its class and the tolerance reference of every other class). Session 2's sweep
@@ -43,7 +44,7 @@ MAX_SPLITS = 32
 VARIANTS = [
     (4, 4, 1, 4, 64, 0, 1),   # attn as the program ran it in version 9, HG 1
     (4, 4, 3, 4, 64, 0, 1),   # ... at few (row, kv head) pairs
-    ("tc", 4, 2, 256, 0, 1),  # the program's (ops.ATTN_TC_*, ATTN_SPLIT)
+    ("tc", 4, 2, 256, 0, 1),  # the program's (plan.attention, Tuning's attn_*)
     ("tc", 4, 3, 256, 0, 1),
     ("tc", 4, 2, 128, 0, 1),
     ("tc", 2, 2, 256, 0, 1),
@@ -93,9 +94,9 @@ def threads(v):
 
 def dyn_smem(v):
     if is_tc(v):
-        from qwen38gen import ops
         from qwen38gen.config import PRESETS
-        return ops.attn_tc_smem(PRESETS["qwen3.8-27b"], nw=v[1], st=v[2])
+        from qwen38gen.plan.attention import attn_tc_smem
+        return attn_tc_smem(PRESETS["qwen3.8-27b"], nw=v[1], st=v[2])
     nw, u, _, st = v[:4]
     return st * nw * u * 2 * D * 2 if st >= 2 else 0
 
@@ -118,8 +119,10 @@ def part_floats():
 
 def grid_x(blocks, v):
     """The program's grid.x for this many (row, kv head) pairs and this variant's kernel."""
-    from qwen38gen import ops
-    return ops.attn_grid_x(blocks, ops.ATTN_TC_BLOCKS if is_tc(v) else ops.ATTN_BLOCKS)
+    from qwen38gen.plan.attention import attn_blocks, attn_grid_x
+    from qwen38gen.plan.arch import arch_facts
+    from qwen38gen.tuning import Tuning
+    return attn_grid_x(blocks, attn_blocks(Tuning(), arch_facts("sm_90a")) if is_tc(v) else CC_BLOCKS)
 
 
 def source() -> str:

@@ -22,9 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.weights import tile_activations as _tile  # noqa: E402
-from qwen38gen.ops import (gemm_part_floats, gemm_smem, gemv_smem, sk_pub_floats,  # noqa: E402
-                           sk_smem, wgmma_part_floats, wgmma_smem)
-from qwen38gen.ops import sk_grid as ops_sk_grid  # noqa: E402
+from qwen38gen.plan.arch import arch_facts  # noqa: E402
+from qwen38gen.plan.gemv import gemm_part_floats, gemm_smem, gemv_smem  # noqa: E402
+from qwen38gen.plan.wgmma import sk_pub_floats, sk_smem, wgmma_part_floats, wgmma_smem  # noqa: E402
+from qwen38gen.plan.wgmma import sk_grid as plan_sk_grid  # noqa: E402
 
 # (name, N rows, K, launches per 27B decode step)
 SHAPES = [("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16), ("out", 5120, 6144, 64),
@@ -246,7 +247,7 @@ def sk_grid(N, K, cfg):
     """(G, TB) of a wgmma_sk_q4 launch: blocks per batch tile (the config's G, else the
     program's), tile-blocks."""
     _, cw, _, g, _ = scfg(cfg)
-    G, tb = ops_sk_grid(N, K, cw)
+    G, tb = plan_sk_grid(N, K, cw, arch_facts("sm_90a"))
     return g or G, tb
 
 

@@ -1,5 +1,5 @@
 """How fast the B = 1 decode step's weights can stream without their arithmetic: the 257
-matrices of the 27B step (sizes and order of ops.fused_weights: in, out, gate_up, down per
+matrices of the 27B step (sizes and order of plan.entries.fused_weights: in, out, gate_up, down per
 layer, then the lm_head; int4 words and bf16 scales together), read
 
   flat        by one launch over all of them (no boundaries: the ceiling of this read pattern),
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.gate import compile_kernels  # noqa: E402
-from qwen38gen.ops import fused_weights  # noqa: E402
+from qwen38gen.plan.entries import fused_weights  # noqa: E402
 
 S = 5                 # steps of 8 KiB per unit (sb_launch5 / sb_persist5)
 UNIT = S * 8192

@@ -3,16 +3,17 @@ kernel (tests/gpu/ref_ops.py), on the manifest's own buffers, offsets and stride
 
 It checks the emitter's plan (argument order, buffer offsets, strides, grids) on the CPU, where no
 kernel can run: if the schedule is wired right, the emulated program computes what the numpy
-reference computes.
+reference computes. Each launch is dispatched by its kernel's "family" and read through the
+manifest's typed fields (format 2: qwen38gen/manifest.py), never through the kernel's name.
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from qwen38gen.ops import attn_part_floats, attn_stride, resolve_shape
+from qwen38gen.manifest import check_format
+from qwen38gen.plan.attention import attn_part_floats, attn_stride
+from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import fused_arrays, pack_weights
 from qwen38gen.weights import dequantize, xtile_index
 from tests.gpu import ref_ops as R
@@ -20,6 +21,7 @@ from tests.gpu import ref_ops as R
 
 class Emu:
     def __init__(self, man: dict, cfg, tensors: dict, tmax: int):
+        check_format(man)
         self.man, self.cfg, self.tmax = man, cfg, tmax
         packed = pack_weights(cfg, tensors, mtp=bool(man["lanes"]["mtp"]))
         self.W = {}
@@ -61,11 +63,15 @@ class Emu:
         n = int(np.prod(shape))
         return self.buf[name][o:o + n].reshape(shape)
 
+    def kernel(self, L) -> dict:
+        return self.man["kernels"][L["k"]]
+
     def run(self, phase: str):
         for L in self.man["schedule"][phase]:
-            getattr(self, "k_" + L["k"].split("_")[1])(L, _pt_of(L))
+            k = self.kernel(L)
+            getattr(self, "k_" + FAMILY_METHOD.get(k["family"], k["family"]))(L, k.get("pt", 1))
 
-    # -- one method per kernel family, named by the entry's second word
+    # -- one method per kernel family (FAMILY_METHOD: the families one method serves)
     def k_embed(self, L, pt):
         E = self.T[L["args"][0][1]]
         R_ = L["grid"][0]
@@ -74,12 +80,12 @@ class Emu:
 
     def put_rows(self, L, arg, y):
         """y [R, K] into the buffer of arg: as rows, or in wgmma_q4's tile order where the
-        entry's name ends in _t<nt> (the next GEMV reads it with XT = 1)."""
-        m = re.search(r"_t(\d+)$", L["k"])
-        if m:
+        producer's "tiles" says so (the next GEMV reads it with XT = 1)."""
+        tiles = self.kernel(L).get("tiles", 0)
+        if tiles:
             _, name, off, _ = arg
             assert off == 0, L["k"]
-            self.buf[name][xtile_index(*y.shape, int(m.group(1)))] = y
+            self.buf[name][xtile_index(*y.shape, tiles)] = y
         else:
             self.view(arg, y.shape)[:] = y
 
@@ -104,25 +110,25 @@ class Emu:
         W = self.W[a[0][1]]
         ldx, ldy, N, R_ = a[3][1], a[5][1], a[6][1], a[7][1]
         K = W.shape[1]
-        if L["k"].endswith("_t1"):   # wgmma_q4 XT = 1: x in tile order
-            nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
+        assert L["weight"] == a[0][1] and L["role"] == L["weight"].rpartition(".")[2], L
+        nt = L["tiles"]
+        assert nt == self.kernel(L)["xt"] * L["btg"] // 8, L   # only XT = 1 reads tiles
+        if nt:   # x in wgmma_q4's tile order
             x = self.buf[a[2][1]][xtile_index(R_, K, nt)]
         else:
             x = self.view(a[2], (R_, ldx))[:, :K] if a[2][2] == 0 else None
         y = self.view(a[4], (R_, ldy))
-        epi = re.search(r"_e(\d+)", L["k"]).group(1)
-        if epi == "2" and "_sk" in L["k"]:   # wgmma_sk_q4 + SwiGLU: up rows after the gate's
-            up = 16 * -(-N // 16)              # tiles, act in the tile order (N = F columns)
+        epi = L["epi"]
+        if epi == 2:   # SwiGLU epilogue: gate rows [0, N), up rows from "up" on
+            up = L["up"]
             gu = np.concatenate([x @ W[:N].T, x @ W[up:up + N].T], axis=1)
-            self.buf[a[4][1]][xtile_index(R_, N, nt)] = R.swiglu(gu, N)
-            return
-        if epi == "2":   # SwiGLU epilogue: gate rows [0, N), up rows from tile _ms<t> on
-            up = 16 * int(re.search(r"_ms(\d+)$", L["k"]).group(1))
-            gu = np.concatenate([x @ W[:N].T, x @ W[up:up + N].T], axis=1)
-            y[:, :N] = R.swiglu(gu, N)
+            if self.kernel(L)["family"] == "wgmma_sk_q4":   # act in the down GEMV's tile order
+                self.buf[a[4][1]][xtile_index(R_, N, nt)] = R.swiglu(gu, N)
+            else:
+                y[:, :N] = R.swiglu(gu, N)
             return
         out = x @ W[:N].T
-        if epi == "1":   # epilogue: add to y
+        if epi == 1:   # epilogue: add to y
             y[:, :N] += out
         else:
             y[:, :N] = out
@@ -142,16 +148,14 @@ class Emu:
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]
-        # _sr<n>: state rows in shared memory, _ge<n>: state rows requested before the conv
-        # (schedule knobs: the same arithmetic)
-        m = re.fullmatch(r"q38_gdn_pt\d+(?:_sr\d+)?(?:_rs(\d+)_s(\d+)_e(\d))?(?:_ge\d+)?(?:_w\d+)?(?:_t\d+)?",
-                         L["k"])
-        rs = int(m.group(1)) if m.group(1) else c.linear_conv_kernel_dim - 1
-        slots, each = (int(m.group(2)), int(m.group(3))) if m.group(1) else (1, 0)
+        # the ring's slots, states per sequence, a state per token (SR, GE, GW: schedule knobs,
+        # the same arithmetic)
+        k = self.kernel(L)
+        rs, slots, each = k["ring"], k["slots"], k["each"]
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         ring = self.view(a[10], (B, rs, C))
         st_all = self.view(a[12], (B, slots, hv, dk, dv))
-        slot = self.view(a[16], (B,)) if m.group(1) else np.zeros(B, np.int64)
+        slot = self.view(a[16], (B,)) if len(a) > 16 else np.zeros(B, np.int64)
         st = st_all[np.arange(B), slot]
         pos = self.view(a[13], (B,))
         ntok = self.view(a[14], (B,))
@@ -165,14 +169,14 @@ class Emu:
                 st_all[b, :ntok[b]] = per[b, :ntok[b]]
             else:
                 st_all[b, slot[b]] = st2[b]
-        self.put_rows(L, a[15], out)   # _t<nt>: in the out GEMV's tile order
+        self.put_rows(L, a[15], out)   # "tiles": in the out GEMV's tile order
 
     def k_attn(self, L, pt):
         c = self.cfg
         a = L["args"]
         B, R_ = self.B, self.B * pt
         H, HKV, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if L["k"].startswith("q38_attn_prep"):
+        if self.kernel(L)["family"] == "attn_prep":
             qkv = self.view(a[0], (R_, a[1][1]))
             pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
             rows = np.array([pos[r // pt] + r % pt for r in range(R_)])
@@ -202,7 +206,7 @@ class Emu:
             if t < ntok[b]:
                 p = pos[b] + t
                 o[r] = R.gated_attention_row(qb[r], gate[r], kc[b, :, :p + 1], vc[b, :, :p + 1])
-        self.put_rows(L, a[10], o)   # _t<nt>: in the out GEMV's tile order
+        self.put_rows(L, a[10], o)   # "tiles": in the out GEMV's tile order
 
     def k_gather(self, L, pt):
         H = self.cfg.hidden_size
@@ -227,9 +231,9 @@ class Emu:
 
     def k_spec(self, L, pt):
         """kernels/speculative.cuh."""
-        a, B, kind = L["args"], self.B, L["k"].split("_")[2]
+        a, B, kind = L["args"], self.B, self.kernel(L)["family"].partition("_")[2]
         if kind == "accept":
-            kp = int(L["k"].rsplit("_k", 1)[1]) + 1
+            kp = self.kernel(L)["kp"]
             vtok = self.view(a[0], (B, kp))
             am = self.view(a[1], (B, kp))
             emit = self.view(a[2], (B, kp))
@@ -257,8 +261,8 @@ class Emu:
             raise ValueError(L["k"])
 
 
-def _pt_of(L) -> int:
-    """Rows per sequence of one launch: from the kernel name where it carries one (gdn, attn,
-    gather_last, spec_tokens), else 1 (kernels that need no row split)."""
-    m = re.search(r"_pt(\d+)", L["k"])
-    return int(m.group(1)) if m else 1
+# Families one method serves (the others by their own name).
+FAMILY_METHOD = {"gemv_q4": "gemv", "gemm_q4": "gemv", "wgmma_q4": "gemv", "wgmma_sk_q4": "gemv",
+                 "rmsnorm_ld": "rmsnormld", "attn_prep": "attn", "attn_tc": "attn",
+                 "gather_last": "gather", "spec_accept": "spec", "spec_tokens": "spec",
+                 "spec_pos": "spec", "spec_put": "spec"}

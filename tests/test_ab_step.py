@@ -16,14 +16,16 @@ def test_spec_grammar():
     vs = ab_step.parse_spec("""
         # the base first
         base
-        cw4   QWEN38_SK_CFG=gate_up=4:4:0   # a comment
-        four  patch=a.diff patch=b.diff QWEN38_SK_CFG=gate_up=4:4:0,lm_head=4:4:0 GEMV_X=
+        cw4   tune=gate_up.sk_cfg=4:4:0   # a comment
+        four  patch=a.diff patch=b.diff tune=gate_up.sk_cfg=4:4:0 tune=lm_head.sk_cfg=4:4:0 GEMV_X=
     """)
     assert [v.name for v in vs] == ["base", "cw4", "four"]
-    assert vs[0].patches == [] and vs[0].env == {}
-    assert vs[1].env == {"QWEN38_SK_CFG": "gate_up=4:4:0"}
+    assert vs[0].patches == [] and vs[0].env == {} and vs[0].tune == []
+    assert vs[1].tune == ["gate_up.sk_cfg=4:4:0"] and vs[1].env == {}
+    assert vs[1].tune_args() == ["--tune", "gate_up.sk_cfg=4:4:0"]
     assert vs[2].patches == ["a.diff", "b.diff"]
-    assert vs[2].env == {"QWEN38_SK_CFG": "gate_up=4:4:0,lm_head=4:4:0", "GEMV_X": ""}
+    assert vs[2].tune == ["gate_up.sk_cfg=4:4:0", "lm_head.sk_cfg=4:4:0"]
+    assert vs[2].env == {"GEMV_X": ""}
     root = Path("/r")
     assert vs[1].tree(root) == root and vs[2].tree(root) == root / ".ab" / "four"
 
@@ -34,8 +36,9 @@ def test_spec_grammar():
     ("base\nbase", "named twice"),
     ("-x", "not a variant name"),
     ("a/b", "not a variant name"),
-    ("base lowercase=1", "neither patch=FILE nor NAME=VALUE"),
-    ("base QWEN38_SK_CFG", "neither patch=FILE nor NAME=VALUE"),
+    ("base lowercase=1", "neither patch=FILE, tune=KEY=VALUE nor NAME=VALUE"),
+    ("base QWEN38_SK_CFG", "neither patch=FILE, tune=KEY=VALUE nor NAME=VALUE"),
+    ("base tune=gdn_ge", "'tune=gdn_ge' is not tune=KEY=VALUE"),
 ])
 def test_spec_errors_name_the_line(text, says):
     with pytest.raises(ab_step.SpecError, match=says) as e:
@@ -139,7 +142,7 @@ if os.environ.get("FAIL"):
     sys.exit("no GPU")
 here = os.path.basename(os.getcwd())
 with open(os.environ["LOG"], "a") as f:
-    f.write(here + " " + os.environ.get("X", "-") + "\\n")
+    f.write(" ".join([here, os.environ.get("X", "-")] + a[9:]) + "\\n")
 step = float(open("step.txt").read())
 rows = [{"batch": int(b), "step_ms": step + int(b), "graph_ms": {"gemv": 1.0}} for b in a[4].split(",")]
 json.dump({"copy_bandwidth": 4.2e12, "rows": rows}, open(a[8], "w"))
@@ -153,14 +156,17 @@ def test_run_alternates_variants_in_their_trees(tmp_path, capsys):
         (root / name / "cli.py").write_text(FAKE_CLI)
         (root / name / "step.txt").write_text(step)
     log = tmp_path / "log"
-    vs = ab_step.parse_spec("base\nx X=7\np patch=p.diff\nbroken FAIL=1")
+    vs = ab_step.parse_spec("base\nx X=7\np patch=p.diff\nt tune=gdn_ge=4 tune=in.sk16=3:6:1\n"
+                            "broken FAIL=1")
     env = {"LOG": str(log), "PATH": "/usr/bin:/bin"}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ab_step.os, "environ", env)
         lines = ab_step.run(vs, [16], 2, str(tmp_path / "ab.json"), root=root)
-    assert log.read_text().split("\n")[:-1] == ["repo -", "repo 7", "p -"] * 2
+    assert log.read_text().split("\n")[:-1] == [
+        "repo -", "repo 7", "p -", "repo - --tune gdn_ge=4 --tune in.sk16=3:6:1"] * 2
     assert "variant 'broken': bench exited 1:\nno GPU" in capsys.readouterr().out
-    assert [ln.split()[1:3] for ln in lines[1:]] == [["base", "17.000"], ["x", "17.000"], ["p", "16.500"]]
+    assert [ln.split()[1:3] for ln in lines[1:]] == [["base", "17.000"], ["x", "17.000"], ["p", "16.500"],
+                                                     ["t", "17.000"]]
     assert lines[3].split()[4:6] == ["-0.500", "-2.9%"]
     assert (tmp_path / "ab.json").exists()
 
@@ -212,3 +218,8 @@ def test_prep_stamps_keep_the_batches_of_the_same_variant(tmp_path, monkeypatch)
         ab_step.check_prepared(base, [16], root)
     with pytest.raises(ab_step.SpecError, match="batch 64 not prepared"):
         ab_step.check_prepared(ab_step.parse_spec("base X=1"), [64], root)
+    ab_step.prep(ab_step.parse_spec("base tune=gdn_ge=4"), [16], root=root)   # --tune to precompile
+    assert calls[-1] == ["--tune", "gdn_ge=4", "qwen3.8-27b:16"]
+    with pytest.raises(ab_step.SpecError, match="'base' changed since"):
+        ab_step.check_prepared(ab_step.parse_spec("base tune=gdn_ge=8"), [16], root)
+    ab_step.check_prepared(ab_step.parse_spec("base tune=gdn_ge=4"), [16], root)

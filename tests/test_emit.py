@@ -12,6 +12,24 @@ from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program, program_name, write_program
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
+from qwen38gen.plan.arch import arch_facts
+from qwen38gen.tuning import Tuning
+
+H200 = arch_facts("sm_90a")
+
+
+def tuned(*settings) -> Tuning:
+    return Tuning.parse(settings)
+
+
+def family(man: dict, L: dict) -> str:
+    """The kernel family of a launch (the manifest's field, not the kernel's name)."""
+    return man["kernels"][L["k"]]["family"]
+
+
+def config(man: dict, L: dict) -> dict:
+    """A GEMV launch's kernel configuration (MT, NT, KS, ... as the manifest gives them)."""
+    return man["kernels"][L["k"]]["config"]
 
 
 @pytest.mark.parametrize("model", ["tiny", "qwen3.8-27b"])
@@ -117,6 +135,72 @@ def test_cli_emit_default_name_twice_identical(tmp_path):
     assert (tmp_path / files[0]).read_bytes() == first
 
 
+def _cli_env(*args, cwd, **env):
+    base = {"COLUMNS": "200", "PATH": "/usr/bin:/bin:/usr/local/bin",
+            "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**base, **env})
+
+
+def test_cli_tune_names_the_program(tmp_path):
+    """emit --tune: a different program under a different name, its header and manifest saying
+    why; the old QWEN38_SK16 variable gives the same program under the same name; --tune-file
+    too; a bad setting is a one-line error naming it, nothing written."""
+    args = ("emit", "--model", "qwen3.8-27b", "--batch", "16")
+    assert _cli_env(*args, cwd=tmp_path).returncode == 0
+    plain = sorted(tmp_path.glob("*.cu"))
+    assert [p.name for p in plain] == [f"qwen38_qwen3.8-27b_{Lanes.make(16).name}.cu"]
+    p = _cli_env(*args, "--tune", "gate_up.sk16=3:6:1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    tuned_name = Lanes.make(16, tuning=tuned("gate_up.sk16=3:6:1")).name
+    cu = tmp_path / f"qwen38_qwen3.8-27b_{tuned_name}.cu"
+    assert tuned_name.startswith(Lanes.make(16).name + "-t") and cu.is_file()
+    head = cu.read_text().splitlines()[:3]
+    assert head[1].endswith(f"lanes {tuned_name}") and '"tuning": {"gate_up.sk16": "3:6:1"}' in head[2]
+    assert cu.read_text() != plain[0].read_text()
+    man = json.loads(cu.with_suffix(".manifest.json").read_text())
+    assert man["lane_name"] == tuned_name and man["lanes"]["tuning"] == {"gate_up.sk16": "3:6:1"}
+    assert man["tuning"]["sk16"] == {"gate_up": "3:6:1"} and man["tuning"]["gdn_ge"] == "table"
+    plain_man = json.loads(plain[0].with_suffix(".manifest.json").read_text())
+    assert "tuning" not in plain_man["lanes"] and plain_man["tuning"] == Tuning().to_dict()
+    before = cu.read_bytes()
+    cu.unlink()
+    p = _cli_env(*args, cwd=tmp_path, QWEN38_SK16="gate_up=3:6:1")
+    assert p.returncode == 0, p.stderr
+    assert cu.read_bytes() == before
+    cu.unlink()
+    (tmp_path / "t.txt").write_text("gate_up.sk16=3:6:1  # the v22 sweep\n")
+    assert _cli_env(*args, "--tune-file", "t.txt", cwd=tmp_path).returncode == 0
+    assert cu.read_bytes() == before
+    for bad, msg in ((("--tune", "gate_up.sk16=3:6"), "error: tuning gate_up.sk16='3:6' is not "
+                      "supported; supported gate_up.sk16: CW:XS:PP, CW 1..4, XS 2..16, PP 0 or 1"),
+                     ((), "error: QWEN38_GDN_GE='x': use -1")):
+        p = _cli_env(*args, *bad, "-o", str(tmp_path / "bad" / "x.cu"), cwd=tmp_path,
+                     **({} if bad else {"QWEN38_GDN_GE": "x"}))
+        assert p.returncode == 2 and "Traceback" not in p.stderr and msg in p.stderr, p.stderr
+        assert not (tmp_path / "bad").exists()
+
+
+def test_readers_refuse_an_older_manifest():
+    """The runtime and the schedule emulator read manifest format 2 (typed fields: family, role,
+    tiles); an older one is a one-line error saying to re-emit."""
+    from qwen38gen.manifest import MANIFEST_FORMAT
+    from qwen38gen.runtime import Runtime
+    from tests.schedule_emu import Emu
+
+    cfg = PRESETS["tiny"]
+    man = emit_program(cfg, Lanes.make(2)).manifest
+    assert man["format"] == MANIFEST_FORMAT == 2
+    assert all("family" in k for k in man["kernels"].values())
+    old = {**man, "format": 1}
+    with pytest.raises(UserError, match=r"^the manifest of p\.cubin has format 1; this qwen38gen "
+                                        r"reads manifest format 2: re-emit the program "
+                                        r"\(qwen38gen emit \.\.\.\)$"):
+        Runtime("/nowhere/p.cubin", old, cfg, {}, 8)
+    with pytest.raises(UserError, match=r"^this manifest has format None; this qwen38gen reads"):
+        Emu({k: v for k, v in man.items() if k != "format"}, cfg, {}, 8)
+
+
 def test_prompt_chunk_rows_and_counts():
     """Prefill chunk c of prompts of 1, 5 and 20 tokens at pt 4: row b·pt + t holds token
     c·pt + t of prompt b (0 past its end), ntok counts the real rows."""
@@ -137,47 +221,49 @@ def test_prompt_chunk_rows_and_counts():
 def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     """gemm_q4 and wgmma_q4 launches: every split-K launch (grid.z = ZS > 1) fits gemm_part and
     gemm_arrivals, every instance fits an SM's shared memory, btg 16 and below keep gemv_q4,
-    gemm_q4 serves btg 64 only, and wgmma_q4 only the sm_90a lanes, where ops' table says."""
-    from qwen38gen import ops
+    gemm_q4 serves btg 64 only, and wgmma_q4 only the sm_90a lanes, where the table says."""
+    from qwen38gen.plan.entries import fused_weights, weight_role
+    from qwen38gen.plan.gemv import gemm_part_floats
+    from qwen38gen.plan.wgmma import sk_grid, sk_pub_floats, wgmma_launch, wgmma_part_floats
 
     prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt, arch=arch))
     m = prog.manifest
     part = m["buffers"]["gemm_part"]["shape"][0]
     arrivals = m["buffers"]["gemm_arrivals"]["shape"][0]
     launches = [L for ph in ("decode", "prefill") for L in m["schedule"][ph]]
-    gemm = [L for L in launches if re.match(r"q38_gemv_k\d+_g\d", L["k"])]
-    wgmma = [L for L in launches if re.match(r"q38_gemv_k\d+_wg", L["k"])]
+    gemm = [L for L in launches if family(m, L) == "gemm_q4"]
+    wgmma = [L for L in launches if family(m, L) == "wgmma_q4"]
     btg = prog.lanes.btg
-    weights = ops.fused_weights(PRESETS[model]).values()
-    want_w = any(ops.wgmma_launch(w["rows"], w["k"], btg, btg, xt=True) for w in weights)
+    weights = fused_weights(PRESETS[model]).items()
+    want_w = any(wgmma_launch(weight_role(n), w["rows"], w["k"], btg, btg, Tuning(), H200,
+                              xt=True) for n, w in weights)
     assert bool(wgmma) == (arch == "sm_90a" and want_w)
     if btg < 64:
         assert not gemm
     for L in gemm + wgmma:
         gx, gy, gz = L["grid"]
-        assert m["kernels"][L["k"]]["smem"] <= 227 * 1024
+        assert m["kernels"][L["k"]]["smem"] <= H200.smem_per_block
+        c, k = config(m, L), m["weights"][L["weight"]]["k"]
+        zs = c["zs"]
         if L in gemm:
-            k, mt, nt, wr, zs = (int(v) for v in re.match(
-                r"q38_gemv_k(\d+)_g(\d+)_n(\d+)_w(\d+)_s\d+_e\d_st\d_z(\d+)", L["k"]).groups())
-            need = ops.gemm_part_floats(k, mt, nt, wr) * gx * gy
+            need = gemm_part_floats(k, c["mt"], c["nt"], c["wr"]) * gx * gy
         else:
-            k, wg, mw, nt, zs = (int(v) for v in re.match(
-                r"q38_gemv_k(\d+)_wg(\d+)_mw(\d+)_n(\d+)_s\d+_e\d_x\d_z(\d+)", L["k"]).groups())
-            need = ops.wgmma_part_floats(k, nt, wg, mw) * gx * gy
+            need = wgmma_part_floats(k, c["nt"], c["wg"], c["mw"]) * gx * gy
         assert gz == zs
         if zs > 1:
             assert part >= need and arrivals >= gx * gy
             assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
     # wgmma_sk_q4: one block per SM at most, its published sums and flags in the scratch
-    for L in (L for L in launches if re.match(r"q38_gemv_k\d+_sk", L["k"])):
-        k, cw, nt = (int(v) for v in re.match(r"q38_gemv_k(\d+)_sk(\d+)_n(\d+)_", L["k"]).groups())
-        n_out = L["args"][6][1]
-        G, tb = ops.sk_grid(n_out, k, cw)
+    for L in (L for L in launches if family(m, L) == "wgmma_sk_q4"):
+        cw, nt = config(m, L)["cw"], config(m, L)["nt"]
+        w = m["weights"][L["weight"]]
+        n_out, k = w["rows"], w["k"]   # the fused weight's rows (N is F where SwiGLU is the epilogue)
+        G, tb = sk_grid(n_out, k, cw, H200)
         gx, gy, gz = L["grid"]
-        assert (gx, gz) == (G, 1) and G <= ops.SK_SMS
-        assert part >= ops.sk_pub_floats(8 * nt, cw) * tb * gy and arrivals >= tb * gy
+        assert (gx, gz) == (G, 1) and G <= H200.sms
+        assert part >= sk_pub_floats(8 * nt, cw) * tb * gy and arrivals >= tb * gy
         assert L["args"][-2][1] == "gemm_part" and L["args"][-1][1] == "gemm_arrivals"
-        assert m["kernels"][L["k"]]["smem"] <= 227 * 1024
+        assert m["kernels"][L["k"]]["smem"] <= H200.smem_per_block
 
 
 @pytest.mark.parametrize("batch,staged", [(1, True), (8, True), (16, False)])
@@ -186,19 +272,14 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     fit the GPU in one wave (down, out: 320 row tiles) stage their activations with the weights
     (XS = 1, docs/PERFORMANCE.md, version 6); the wider ones (in projections, gate_up) and every weight
     at btg 16 keep XS = 0."""
-    from qwen38gen import ops
-
     prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(batch))
     seen = {}
     for L in prog.manifest["schedule"]["decode"]:
-        m = re.fullmatch(r"q38_gemv_k(\d+)_m\d_n\d_s\d_e(\d)_st\d_x(\d)(_a1)?(_ms\d+)?(_z\d)?",
-                         L["k"])
-        if m:
-            # N of a launch; gate_up with SwiGLU in its epilogue (e2) passes the features
-            rows = L["args"][6][1] * (2 if m.group(2) == "2" else 1)
-            seen[rows] = int(m.group(3))
+        if family(prog.manifest, L) == "gemv_q4":
+            rows = prog.manifest["weights"][L["weight"]]["rows"]
+            seen[rows] = config(prog.manifest, L)["xs"]
             if seen[rows]:  # only launches of fewer row blocks than fit the GPU at once
-                assert L["grid"][0] < ops.GEMV_WAVE
+                assert L["grid"][0] < H200.gemv_wave
     assert seen[5120] == (1 if staged else 0)          # down and out
     assert seen[34816] == 0 and seen[16480] == 0      # gate_up, the GDN in projection
 
@@ -207,13 +288,11 @@ def test_one_wave_gemvs_stage_activations(batch, staged):
     ("qwen3.8-27b", 1, 0), ("qwen3.8-27b", 8, 0), ("qwen3.8-27b", 16, 0), ("qwen3.8-27b", 12, 0),
     ("qwen3.8-27b", 32, 0), ("qwen3.8-27b", 16, 1), ("tiny", 16, 0), ("tiny", 3, 0)])
 def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
-    """ops.gemv_split: where a one-wave weight (fewer row tiles than GEMV_WAVE, MT = 1) runs on
+    """plan.gemv.gemv_split: where a one-wave weight (fewer row tiles than GEMV_WAVE, MT = 1) runs on
     gemv_q4 in a single 16-row tile, its row blocks are clusters of two blocks of KS/2 warps
     (grid.x = 2 · row blocks, the entry's cluster 2, half the threads); every other gemv_q4
     launch (one row, 8-row tiles, several tiles, the wide weights, prefill chunks) keeps ZS = 1.
     Each ZS entry is a cluster of its ZS in the manifest and renders __cluster_dims__."""
-    from qwen38gen import ops
-
     cfg = PRESETS[model]
     prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
     split = 0
@@ -221,17 +300,15 @@ def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
         if not isinstance(sched, list):
             continue
         for L in sched:
-            m = re.fullmatch(r"q38_gemv_k(\d+)_m(\d)_n(\d)_s(\d)_e\d_st\d_x\d(_a1)?(_ms\d+)?(_z(\d))?",
-                             L["k"])
-            if not m:
+            if family(prog.manifest, L) != "gemv_q4":
                 continue
-            k, mt, nt, ks = (int(v) for v in m.groups()[:4])
-            zs = int(m.group(8) or 1)
+            c = config(prog.manifest, L)
+            mt, nt, ks, zs = c["mt"], c["nt"], c["ks"], c["zs"]
             N, R = L["args"][6][1], L["args"][7][1]
             ent = prog.manifest["kernels"][L["k"]]
-            rows = -(-N // 16) if not m.group(6) else None
+            rows = -(-N // 16) if not c["ms"] else None
             want = 2 if (nt == 2 and R <= 16 and mt == 1 and rows is not None
-                         and rows < ops.GEMV_WAVE and ks % 2 == 0) else 1
+                         and rows < H200.gemv_wave and ks % 2 == 0) else 1
             assert zs == want, (phase, L["k"], R)
             assert ent["cluster"] == zs and ent["block"][0] == 32 * ks // zs
             if zs > 1:
@@ -248,7 +325,7 @@ def test_one_wave_gemvs_split_over_a_cluster_at_16_rows(model, batch, mtp):
                                                ("qwen3.8-27b", 64, 0), ("tiny", 64, 0),
                                                ("tiny", 3, 0), ("qwen3.8-27b", 64, 1)])
 def test_gdn_state_rows_early_by_batch(model, batch, mtp):
-    """ops.gdn_state_rows_early (version 17): the plain program's decode-step GDN requests its
+    """plan.gdn.gdn_state_rows_early (version 17): the plain program's decode-step GDN requests its
     conv's copies first, then all 16 of a thread's state rows below B = 12 (_ge16) and 4 from
     B = 12 on (_ge4), the rest after the conv, except up to B = 16 in the first wave of 264
     blocks (_w264);
@@ -270,188 +347,162 @@ def test_gdn_state_rows_early_by_batch(model, batch, mtp):
         assert call.endswith(tail), call
 
 
-def test_gdn_sr_and_ge_knobs(monkeypatch):
-    """QWEN38_GDN_SR sets n state rows in shared memory at every B (which keeps the old load
-    order) and QWEN38_GDN_GE the rows requested before the conv (-1: all first, as before
-    version 17); a value the kernel cannot take is a UserError naming the knob and the range."""
-    from qwen38gen import ops
-    from qwen38gen.errors import UserError
+def test_gdn_sr_and_ge_knobs():
+    """Tuning.gdn_sr sets n state rows in shared memory at every B (which keeps the old load
+    order) and gdn_ge the rows requested before the conv (-1: all first, as before version 17);
+    a value the kernel cannot take is a UserError naming the field, the value and the range."""
+    from qwen38gen.plan.gdn import gdn_entry, gdn_launch, gdn_state_rows_early
 
-    cfg = PRESETS["qwen3.8-27b"]
-    assert ops.gdn_launch(cfg, 1, batch=64)["sr"] == 0
-    monkeypatch.setattr(ops, "GDN_SR", "0")
-    assert ops.gdn_launch(cfg, 1, batch=64)["sr"] == 0
-    monkeypatch.setattr(ops, "GDN_SR", "12")
-    assert ops.gdn_launch(cfg, 1, batch=1)["sr"] == 12
-    assert ops.gdn_launch(cfg, 16, batch=1)["sr"] == 0
-    assert ops.gdn_state_rows_early(cfg, 1, batch=64) == -1
-    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1_sr12"
+    cfg, plain = PRESETS["qwen3.8-27b"], Tuning()
+    assert gdn_launch(cfg, 1, plain)["sr"] == 0
+    assert gdn_launch(cfg, 1, tuned("gdn_sr=0"))["sr"] == 0
+    sr12 = tuned("gdn_sr=12")
+    assert gdn_launch(cfg, 1, sr12)["sr"] == 12
+    assert gdn_launch(cfg, 16, sr12)["sr"] == 0
+    assert gdn_state_rows_early(cfg, 1, sr12, batch=64) == -1
+    assert gdn_entry(cfg, 1, sr12, H200, batch=64).name == "q38_gdn_pt1_sr12"
     for bad in ("16", "x", "-1"):
-        monkeypatch.setattr(ops, "GDN_SR", bad)
-        with pytest.raises(UserError, match="QWEN38_GDN_SR.*0 … 15"):
-            ops.gdn_launch(cfg, 1, batch=64)
-    monkeypatch.setattr(ops, "GDN_SR", None)
-    assert ops.gdn_state_rows_early(cfg, 1, batch=64) == 4
-    assert ops.gdn_state_rows_early(cfg, 1, batch=8) == 16
-    assert ops.gdn_state_rows_early(cfg, 16, batch=64) == -1
-    assert ops.gdn_entry(cfg, 1, batch=16).name == "q38_gdn_pt1_ge4_w264"
-    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1_ge4"
-    monkeypatch.setattr(ops, "GDN_GW", False)
-    assert ops.gdn_entry(cfg, 1, batch=16).name == "q38_gdn_pt1_ge4"
-    monkeypatch.setattr(ops, "GDN_GE", "-1")
-    assert ops.gdn_entry(cfg, 1, batch=64).name == "q38_gdn_pt1"
-    monkeypatch.setattr(ops, "GDN_GE", "8")
-    assert ops.gdn_entry(cfg, 1, batch=1).call.endswith(", 8, 0>")   # GW off above
+        with pytest.raises(UserError, match=re.escape(
+                f"tuning gdn_sr={bad!r} is not supported; supported gdn_sr: 0..15")):
+            tuned(f"gdn_sr={bad}")
+    assert gdn_state_rows_early(cfg, 1, plain, batch=64) == 4
+    assert gdn_state_rows_early(cfg, 1, plain, batch=8) == 16
+    assert gdn_state_rows_early(cfg, 16, plain, batch=64) == -1
+    assert gdn_entry(cfg, 1, plain, H200, batch=16).name == "q38_gdn_pt1_ge4_w264"
+    assert gdn_entry(cfg, 1, plain, H200, batch=64).name == "q38_gdn_pt1_ge4"
+    assert gdn_entry(cfg, 1, tuned("gdn_gw=0"), H200, batch=16).name == "q38_gdn_pt1_ge4"
+    assert gdn_entry(cfg, 1, tuned("gdn_ge=-1"), H200, batch=64).name == "q38_gdn_pt1"
+    assert gdn_entry(cfg, 1, tuned("gdn_ge=8", "gdn_gw=0"), H200, batch=1).call.endswith(", 8, 0>")
     for bad in ("17", "x", "-2"):
-        monkeypatch.setattr(ops, "GDN_GE", bad)
-        with pytest.raises(UserError, match="QWEN38_GDN_GE.*-1.*0 … 16"):
-            ops.gdn_launch(cfg, 1, batch=64) and ops.gdn_entry(cfg, 1, batch=64)
+        with pytest.raises(UserError, match=re.escape(
+                f"tuning gdn_ge={bad!r} is not supported; supported gdn_ge: table, -1..16")):
+            tuned(f"gdn_ge={bad}")
 
 
-def test_wgmma_sk_where_the_table_says(monkeypatch):
+def test_wgmma_sk_where_the_table_says():
     """wgmma_sk_q4 serves the 27B's gate_up and lm_head at btg 24, 32 and 64 and its in
-    projections at 64, on sm_90a only, nothing at btg 16 or on the tiny model by default;
-    QWEN38_WGMMA_SK=0 removes it, =all puts it on every tile-order launch (the tiny model's too,
-    for `check`), and any other value is a UserError naming the knob and its values."""
-    from qwen38gen import ops
-
-    def sk_weights(model, batch, arch="sm_90a"):
-        prog = emit_program(PRESETS[model], Lanes.make(batch, pt=1, arch=arch))
+    projections at 64, on sm_90a only, nothing at btg 16; so on the tiny model, whose weights take
+    their roles' schedules;
+    wgmma_sk=off removes it, =all puts it on every tile-order launch (the tiny model's too,
+    for `check`), and any other value is a UserError naming the field and its values."""
+    def sk_weights(model, batch, arch="sm_90a", *tune):
+        prog = emit_program(PRESETS[model], Lanes.make(batch, pt=1, arch=arch, tuning=tuned(*tune)))
         return sorted({L["args"][0][1].split(".")[-1] for L in prog.manifest["schedule"]["decode"]
                        if "_sk" in L["k"]})
 
     assert sk_weights("qwen3.8-27b", 64) == ["gate_up", "in", "lm_head"]
     assert sk_weights("qwen3.8-27b", 32) == sk_weights("qwen3.8-27b", 24) == ["gate_up", "lm_head"]
     assert sk_weights("qwen3.8-27b", 16) == sk_weights("qwen3.8-27b", 64, "sm_90") == []
-    assert sk_weights("tiny", 64) == []
-    monkeypatch.setattr(ops, "WGMMA_SK", "0")
-    assert sk_weights("qwen3.8-27b", 64) == []
-    monkeypatch.setattr(ops, "WGMMA_SK", "all")
-    assert sk_weights("tiny", 64) == ["down", "gate_up", "in", "lm_head", "out"]
-    monkeypatch.setattr(ops, "WGMMA_SK", "yes")
-    with pytest.raises(UserError, match="QWEN38_WGMMA_SK='yes'.*1.*0.*all"):
-        emit_program(PRESETS["qwen3.8-27b"], Lanes.make(64, pt=1))
+    assert sk_weights("tiny", 64) == ["gate_up", "in", "lm_head"]
+    assert sk_weights("tiny", 32) == ["gate_up", "lm_head"] and sk_weights("tiny", 16) == []
+    assert sk_weights("qwen3.8-27b", 64, "sm_90a", "wgmma_sk=off") == []
+    assert sk_weights("tiny", 64, "sm_90a", "wgmma_sk=all") == ["down", "gate_up", "in", "lm_head", "out"]
+    with pytest.raises(UserError, match=re.escape(
+            "tuning wgmma_sk='yes' is not supported; supported wgmma_sk: table, off, all")):
+        tuned("wgmma_sk=yes")
 
 
-def test_gemv_split_knob(monkeypatch):
-    """QWEN38_GEMV_ZS (A/B runs): 1 removes every cluster split, 2 forces it at one row too, and
-    a value the kernel cannot take is a UserError naming the knob and the values it takes."""
-    from qwen38gen import ops
-    from qwen38gen.errors import UserError
-
+def test_gemv_split_knob():
+    """Tuning.gemv_zs: 1 removes every cluster split, 2 forces it at one row too, and a value the
+    kernel cannot take is a UserError naming the field and the values it takes."""
     cfg = PRESETS["qwen3.8-27b"]
 
-    def split_kernels(batch):
-        prog = emit_program(cfg, Lanes.make(batch))
+    def split_kernels(batch, *tune):
+        prog = emit_program(cfg, Lanes.make(batch, tuning=tuned(*tune)))
         return {L["k"] for L in prog.manifest["schedule"]["decode"] if L["k"].endswith("_z2")}
 
-    monkeypatch.setattr(ops, "GEMV_ZS", "1")
-    assert not split_kernels(16)
-    monkeypatch.setattr(ops, "GEMV_ZS", "2")
-    assert len(split_kernels(1)) == 2          # down and out
-    monkeypatch.setattr(ops, "GEMV_ZS", "3")
-    with pytest.raises(UserError, match="QWEN38_GEMV_ZS='3'.*1.*2, 4 or 8"):
-        split_kernels(16)
+    assert split_kernels(16)
+    assert not split_kernels(16, "gemv_zs=1")
+    assert len(split_kernels(1, "gemv_zs=2")) == 2          # down and out
+    with pytest.raises(UserError, match=re.escape(
+            "tuning gemv_zs='3' is not supported; supported gemv_zs: table, 1, 2, 4, 8")):
+        tuned("gemv_zs=3")
 
 
-def test_wgmma_split_knob(monkeypatch):
-    """QWEN38_WGMMA_ZS (A/B runs, version 19) sets the split of the tile-order wgmma_q4 launches
-    of the shape kinds it names (the 27B's down and out at 64 rows: 8 and 4 by default), and a
-    kind or split it cannot take is a UserError naming the knob and what it takes."""
-    from qwen38gen import ops
-    from qwen38gen.errors import UserError
-
-    def splits():
-        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(64, pt=1))
+def test_wgmma_split_knob():
+    """Tuning ROLE.wgmma_zs (version 19) sets the split of the tile-order wgmma_q4 launches of the
+    role it names (the 27B's down and out at 64 rows: 8 and 4 by default); a split that does not
+    divide the weight's parts of K is a UserError naming the setting."""
+    def splits(*tune):
+        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(64, pt=1, tuning=tuned(*tune)))
         return sorted({(L["k"].split("_")[2], L["grid"][2]) for L in prog.manifest["schedule"]["decode"]
                        if "_wg" in L["k"]})
 
     assert splits() == [("k17408", 8), ("k6144", 4)]
-    monkeypatch.setattr(ops, "WGMMA_ZS", "long=4, narrow=2")
-    assert splits() == [("k17408", 4), ("k6144", 2)]
-    for bad in ("long=3", "down=2", "long"):
-        monkeypatch.setattr(ops, "WGMMA_ZS", bad)
-        with pytest.raises(UserError, match=f"QWEN38_WGMMA_ZS={bad!r}: use kind=ZS pairs"):
-            splits()
-    monkeypatch.setattr(ops, "WGMMA_ZS", "narrow=4")   # the tiny model's out: K = 768, 6 parts
-    with pytest.raises(UserError, match="QWEN38_WGMMA_ZS='narrow=4': narrow has 6 parts of K"):
-        emit_program(PRESETS["tiny"], Lanes.make(64, pt=1))
+    assert splits("down.wgmma_zs=4", "out.wgmma_zs=2") == [("k17408", 4), ("k6144", 2)]
+    with pytest.raises(UserError, match=re.escape(
+            "tuning down.wgmma_zs='3' is not supported; supported down.wgmma_zs: 1, 2, 4, 8")):
+        tuned("down.wgmma_zs=3")
+    with pytest.raises(UserError, match=re.escape(
+            "tuning key 'long.wgmma_zs': 'long' is not a weight role; "
+            "roles: in, out, gate_up, down, lm_head, fc")):
+        tuned("long.wgmma_zs=2")
+    with pytest.raises(UserError, match=re.escape(
+            "tuning out.wgmma_zs=4: the out weight has 6 parts of K; ZS must divide it")):
+        emit_program(PRESETS["tiny"], Lanes.make(64, pt=1, tuning=tuned("out.wgmma_zs=4")))
 
 
-def test_sk_config_knob(monkeypatch):
-    """QWEN38_SK_CFG (A/B runs, version 21) sets (CW, XS, PP) of the wgmma_sk_q4 launches of the
-    shape kinds it names where the table serves them (with QWEN38_WGMMA_SK=all: every launch of
-    those kinds), and a malformed item is a UserError naming the knob and what it takes."""
-    from qwen38gen import ops
-    from qwen38gen.errors import UserError
-
-    def sk(model, b):
-        prog = emit_program(PRESETS[model], Lanes.make(b, pt=1))
+def test_sk_config_knob():
+    """Tuning ROLE.sk_cfg (version 21) sets (CW, XS, PP) of the wgmma_sk_q4 launches of the role
+    it names where the table serves them (with wgmma_sk=all: every launch of that role), and a
+    malformed value is a UserError naming the setting and what it takes."""
+    def sk(model, b, *tune):
+        prog = emit_program(PRESETS[model], Lanes.make(b, pt=1, tuning=tuned(*tune)))
         return sorted({L["k"] for L in prog.manifest["schedule"]["decode"] if "_sk" in L["k"]})
 
     assert sk("qwen3.8-27b", 64) == ["q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1",
                                      "q38_gemv_k5120_sk3_n8_s8_e0_x4_t1", "q38_gemv_k5120_sk3_n8_s8_e2_x4_t1"]
-    monkeypatch.setattr(ops, "SK_CFG", "gate_up=2:6:1, narrow=1:2:0")
-    assert sk("qwen3.8-27b", 64) == ["q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1",
-                                     "q38_gemv_k5120_sk2_n8_s8_e2_x6_p1_t1", "q38_gemv_k5120_sk3_n8_s8_e0_x4_t1"]
-    monkeypatch.setattr(ops, "SK_CFG", "long=2:4:1")   # not served by the table at 64 rows
-    assert sk("qwen3.8-27b", 64)[0] == "q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1"
-    monkeypatch.setattr(ops, "WGMMA_SK", "all")
-    knob = sk("tiny", 64)
-    monkeypatch.setattr(ops, "SK_CFG", "")
-    plain = sk("tiny", 64)   # (2, 4, 0) everywhere; the long kind (the down projection) gets PP 1
+    assert sk("qwen3.8-27b", 64, "gate_up.sk_cfg=2:6:1", "out.sk_cfg=1:2:0") == [
+        "q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1", "q38_gemv_k5120_sk2_n8_s8_e2_x6_p1_t1",
+        "q38_gemv_k5120_sk3_n8_s8_e0_x4_t1"]
+    # not served by the table at 64 rows
+    assert sk("qwen3.8-27b", 64, "down.sk_cfg=2:4:1")[0] == "q38_gemv_k5120_sk2_n8_s8_e0_x4_p1_t1"
+    knob = sk("tiny", 64, "wgmma_sk=all", "down.sk_cfg=2:4:1")
+    plain = sk("tiny", 64, "wgmma_sk=all")   # (2, 4, 0) everywhere; down gets PP 1
     assert len(knob) == len(plain) and not any("_p1" in n for n in plain)
     assert sorted(n for n in knob if "_p1" not in n) == sorted(n for n in plain if n in knob)
-    assert [n.replace("_p1", "") for n in knob if "_p1" in n] == ["q38_gemv_k1024_sk2_n8_s8_e1_x4_t1",
-                                                                  "q38_gemv_k1536_sk2_n8_s8_e1_x4_t1"]
-    for bad in ("gate_up=5:4:0", "gate_up=3:4:2", "gate_up=3:4", "mlp=3:4:0"):
-        monkeypatch.setattr(ops, "SK_CFG", bad)
-        with pytest.raises(UserError, match=f"QWEN38_SK_CFG={bad!r}: .* is not kind=CW:XS:PP"):
-            sk("qwen3.8-27b", 64)
+    assert [n.replace("_p1", "") for n in knob if "_p1" in n] == ["q38_gemv_k1024_sk2_n8_s8_e1_x4_t1"]
+    for bad in ("5:4:0", "3:4:2", "3:4"):
+        with pytest.raises(UserError, match=re.escape(
+                f"tuning gate_up.sk_cfg={bad!r} is not supported; supported gate_up.sk_cfg: "
+                "CW:XS:PP, CW 1..4, XS 2..16, PP 0 or 1")):
+            tuned(f"gate_up.sk_cfg={bad}")
+    with pytest.raises(UserError, match=re.escape("tuning key 'mlp.sk_cfg': 'mlp' is not a weight role")):
+        tuned("mlp.sk_cfg=3:4:0")
 
 
-def test_sk16_knob(monkeypatch):
-    """QWEN38_SK16 and QWEN38_SK8 (A/B runs, version 22) put the 16- and 8-row tiles of the kinds
-    they name on
-    wgmma_sk_q4: their norms write the tile order, gate_up stores gu for the swiglu kernel (no
-    fused SwiGLU), other tiles and the sm_90 lanes are untouched, QWEN38_WGMMA_SK=0 turns it off,
-    and a malformed item is a UserError naming the knob."""
-    from qwen38gen import ops
-    from qwen38gen.errors import UserError
-
-    def kinds(b, arch="sm_90a"):
-        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(b, pt=1, arch=arch))
+def test_sk16_knob():
+    """Tuning ROLE.sk16 and ROLE.sk8 (version 22) put the 16- and 8-row tiles of the roles they
+    name on wgmma_sk_q4: their norms write the tile order, gate_up stores gu for the swiglu
+    kernel (no fused SwiGLU), other tiles and the sm_90 lanes are untouched, wgmma_sk=off turns
+    it off, and a malformed value is a UserError naming the setting."""
+    def kinds(b, arch="sm_90a", *tune):
+        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(b, pt=1, arch=arch, tuning=tuned(*tune)))
         return collections.Counter(L["k"] for L in prog.manifest["schedule"]["decode"])
 
+    three = ("gate_up.sk16=3:6:1", "in.sk16=3:6:1", "lm_head.sk16=3:6:1")
     base16, base24, base16_90 = kinds(16), kinds(24), kinds(16, "sm_90")
-    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1, in=3:6:1,lm_head=3:6:1")
-    k16 = kinds(16)
+    k16 = kinds(16, "sm_90a", *three)
     assert k16["q38_gemv_k5120_sk3_n2_s8_e0_x6_p1_t1"] == 48 + 16 + 64 + 1   # in, gate_up, lm_head
     assert k16["q38_rmsnorm_h5120_t2"] == 129 and k16["q38_swiglu_f17408"] == 64
     assert not any("_e2_" in n for n in k16)
     assert sum(k16.values()) == sum(base16.values()) + 64
-    assert kinds(24) == base24 and kinds(16, "sm_90") == base16_90
-    monkeypatch.setattr(ops, "SK16", "gate_up=3:6:1")
-    assert kinds(16)["q38_gemv_k5120_sk3_n2_s8_e0_x6_p1_t1"] == 64
-    monkeypatch.setattr(ops, "WGMMA_SK", "0")
-    assert kinds(16) == base16
-    monkeypatch.setattr(ops, "WGMMA_SK", "1")
-    for bad in ("gate_up=3:6", "up=3:6:1", "gate_up=0:6:1"):
-        monkeypatch.setattr(ops, "SK16", bad)
-        with pytest.raises(UserError, match=f"QWEN38_SK16={bad!r}: .* is not kind=CW:XS:PP"):
-            kinds(16)
-    # QWEN38_SK8: the same at 8-row tiles (B = 1 ... 8), and only there
-    monkeypatch.setattr(ops, "SK16", "")
+    assert kinds(24, "sm_90a", *three) == base24 and kinds(16, "sm_90", *three) == base16_90
+    assert kinds(16, "sm_90a", "gate_up.sk16=3:6:1")["q38_gemv_k5120_sk3_n2_s8_e0_x6_p1_t1"] == 64
+    assert kinds(16, "sm_90a", "wgmma_sk=off", *three) == base16
+    for bad in ("3:6", "0:6:1"):
+        with pytest.raises(UserError, match=re.escape(f"tuning gate_up.sk16={bad!r} is not supported")):
+            tuned(f"gate_up.sk16={bad}")
+    # sk8: the same at 8-row tiles (B = 1 ... 8), and only there
+    eight = ("gate_up.sk8=3:6:1", "in.sk8=3:6:1", "lm_head.sk8=3:6:1")
     base1 = kinds(1)
-    monkeypatch.setattr(ops, "SK8", "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1")
     for b in (1, 8):
-        k8 = kinds(b)
+        k8 = kinds(b, "sm_90a", *eight)
         assert k8["q38_gemv_k5120_sk3_n1_s8_e0_x6_p1_t1"] == 129 and k8["q38_rmsnorm_h5120_t1"] == 129
-    assert sum(kinds(1).values()) == sum(base1.values()) + 64   # the swiglu kernel, as at 16
-    assert kinds(16) == base16
-    monkeypatch.setattr(ops, "SK8", "lm_head=3:6")
-    with pytest.raises(UserError, match="QWEN38_SK8='lm_head=3:6': .* is not kind=CW:XS:PP"):
-        kinds(1)
+    assert sum(kinds(1, "sm_90a", *eight).values()) == sum(base1.values()) + 64   # swiglu, as at 16
+    assert kinds(16, "sm_90a", *eight) == base16
+    with pytest.raises(UserError, match=re.escape("tuning lm_head.sk8='3:6' is not supported")):
+        tuned("lm_head.sk8=3:6")
 
 
 @pytest.mark.parametrize("model,batch,mtp,arch", [
@@ -461,14 +512,15 @@ def test_sk16_knob(monkeypatch):
     ("qwen3.8-27b", 16, 0, "sm_90"), ("qwen3.8-27b", 64, 0, "sm_90a"), ("qwen3.8-27b", 24, 0, "sm_90a"),
     ("tiny", 64, 0, "sm_90a")])
 def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch):
-    """ops.swiglu_fuses: gate_up on gemv_q4 takes SwiGLU into its epilogue at 16-row tiles and at
+    """plan.gemv.swiglu_fuses: gate_up on gemv_q4 takes SwiGLU into its epilogue at 16-row tiles and at
     one row. Where it does, the step has no swiglu launch before that layer's down GEMV, the
     fused launch covers the gate's row tiles (grid.x = up offset / 16, MS the same), writes act
     (ldy = N = F) and reads the norm's h. gate_up on wgmma_sk_q4 (sm_90a, btg 24, 32, 64) takes it
     too (EPI_SWIGLU, version 19): act in the down GEMV's tile order (N = F), the sk grid of the
     fused weight. Everywhere else (B = 2 ... 8, the wgmma_q4 launches, sm_90, the verify pass,
     prefill chunks of more rows) the separate swiglu kernel runs after gate_up."""
-    from qwen38gen import ops
+    from qwen38gen.plan.gemv import swiglu_fuses
+    from qwen38gen.plan.wgmma import sk_grid
 
     cfg = PRESETS[model]
     lanes = Lanes.make(batch, mtp=mtp, arch=arch)
@@ -478,39 +530,40 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
     for phase, sched in prog.manifest["schedule"].items():
         if not isinstance(sched, list) or phase == "topk":
             continue
-        fused = [L for L in sched if re.search(r"_e2_.*_ms\d+$", L["k"])]
-        fused_sk = [L for L in sched if re.match(r"q38_gemv_k\d+_sk\d+_n\d+_s\d+_e2_", L["k"])]
-        swiglu = [L for L in sched if L["k"].startswith("q38_swiglu")]
+        man = prog.manifest
+        fused = [L for L in sched if L.get("epi") == 2 and family(man, L) == "gemv_q4"]
+        fused_sk = [L for L in sched if L.get("epi") == 2 and family(man, L) == "wgmma_sk_q4"]
+        swiglu = [L for L in sched if family(man, L) == "swiglu"]
         downs = [L for L in sched if L["args"][0][1:2] and str(L["args"][0][1]).endswith(".down")]
         assert len(fused) + len(fused_sk) + len(swiglu) == len(downs) > 0, phase
         for L in fused_sk:
-            R, cw = L["args"][7][1], int(re.match(r"q38_gemv_k\d+_sk(\d+)_", L["k"]).group(1))
-            assert arch == "sm_90a" and str(L["args"][0][1]).endswith(".gate_up")
+            R, cw = L["args"][7][1], config(man, L)["cw"]
+            assert arch == "sm_90a" and L["role"] == "gate_up" and L["up"] == F
             assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
-            assert L["grid"][0] == ops.sk_grid(2 * F, cfg.hidden_size, cw)[0]
+            assert L["grid"][0] == sk_grid(2 * F, cfg.hidden_size, cw, H200)[0]
             nxt = sched[sched.index(L) + 1]
-            assert str(nxt["args"][0][1]).endswith(".down") and nxt["k"].endswith("_t1"), nxt["k"]
+            assert nxt["role"] == "down" and nxt["tiles"] == lanes.btg // 8, nxt["k"]
         for L in fused:
             R = L["args"][7][1]
-            assert ops.swiglu_fuses(lanes.btg, R), (phase, R)
-            assert L["k"].endswith(f"_ms{up_tile}") and L["grid"][0] == up_tile
-            assert str(L["args"][0][1]).endswith(".gate_up")
+            assert swiglu_fuses(lanes.btg, R), (phase, R)
+            assert config(man, L)["ms"] == up_tile and L["grid"][0] == up_tile
+            assert L["role"] == "gate_up" and L["up"] == 16 * up_tile
             assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
         for i, L in enumerate(sched):
-            if str(L["args"][0][1]).endswith(".gate_up") and "_e2_" not in L["k"]:
-                assert sched[i + 1]["k"].startswith("q38_swiglu"), (phase, sched[i + 1]["k"])
+            if L.get("role") == "gate_up" and L["epi"] != 2:
+                assert family(man, sched[i + 1]) == "swiglu", (phase, sched[i + 1]["k"])
     decode = prog.manifest["schedule"]["decode"]
     if batch in (1, 16) and not mtp:
-        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
+        assert not any(family(man, L) == "swiglu" for L in decode)
     if batch in (2, 8) or (batch == 32 and arch == "sm_90"):
-        assert not any("_e2_" in L["k"] for L in decode)
+        assert not any(L.get("epi") == 2 for L in decode)
     if batch >= 24 and arch == "sm_90a" and model == "qwen3.8-27b":   # gate_up on wgmma_sk_q4
-        assert not any(L["k"].startswith("q38_swiglu") for L in decode)
-        assert sum("_sk" in L["k"] and "_e2_" in L["k"] for L in decode) == cfg.num_hidden_layers
+        assert not any(family(man, L) == "swiglu" for L in decode)
+        assert sum(family(man, L) == "wgmma_sk_q4" and L["epi"] == 2
+                   for L in decode) == cfg.num_hidden_layers
 
 
-# Where a producer writes in wgmma_q4's tile order: the norm and SwiGLU entries end in _t<nt>.
-_TILED_PRODUCER = re.compile(r"q38_(rmsnorm|swiglu|gdn|attn_tc)_\w+_t(\d+)$")
+# The output argument of each producer that may write wgmma_q4's tile order (its kernel's "tiles").
 _OUT_ARG = {"rmsnorm": 2, "swiglu": 1, "gdn": 15, "attn_tc": 10}
 
 
@@ -520,7 +573,7 @@ _OUT_ARG = {"rmsnorm": 2, "swiglu": 1, "gdn": 15, "attn_tc": 10}
                                              ("qwen3.8-27b", 32, 1), ("qwen3.8-27b", 24, 0),
                                              ("qwen3.8-27b", 20, 1)])
 def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
-    """In every schedule, a wgmma_q4 launch with XT = 1 (name ending _t1) reads a buffer whose
+    """In every schedule, a GEMV launch reading the tile order ("tiles" > 0) reads a buffer whose
     last writer wrote it in tile order for the same batch tile, and every tile-order write is
     read next by such a launch and nothing else; in the 27B program at btg 64 the in, out,
     gate_up and decode-step down projections read the tile order (out from the GDN and attn_tc
@@ -536,23 +589,22 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
         tiled: dict[str, int] = {}      # buffer -> nt of the tile order it now holds
         for L in sched:
             args = [a for a in L["args"] if a[0] == "buf"]
-            m = _TILED_PRODUCER.match(L["k"])
-            if L["k"].endswith("_t1"):
-                x = L["args"][2][1]
-                nt = int(re.search(r"_n(\d+)_", L["k"]).group(1))
+            kern = prog.manifest["kernels"][L["k"]]
+            if L.get("tiles"):
+                x, nt = L["args"][2][1], L["tiles"]
+                assert kern["xt"] == 1 and nt == L["btg"] // 8, (phase, L["k"])
                 assert tiled.pop(x, None) == nt == btg // 8, (phase, L["k"])
                 nxt += 1
-                if "_sk" in L["k"] and "_e2_" in L["k"]:   # gate_up + SwiGLU on wgmma_sk_q4
+                if kern["family"] == "wgmma_sk_q4" and L["epi"] == 2:   # gate_up + SwiGLU
                     tiled[L["args"][4][1]] = nt
             else:
                 for a in args:   # any other reader or writer of a tile-order buffer
                     assert a[1] not in tiled, (phase, L["k"], a[1])
-            if m:
-                tiled[L["args"][_OUT_ARG[m.group(1)]][1]] = int(m.group(2))
+            if kern.get("tiles") and kern["family"] in _OUT_ARG:
+                tiled[L["args"][_OUT_ARG[kern["family"]]][1]] = kern["tiles"]
         assert not tiled, (phase, tiled)
     n_layers = PRESETS[model].num_hidden_layers
-    decode = [L["k"] for L in prog.manifest["schedule"]["decode"]]
-    n_xt = sum(k.endswith("_t1") for k in decode)
+    n_xt = sum(bool(L.get("tiles")) for L in prog.manifest["schedule"]["decode"])
     if model == "qwen3.8-27b":
         # the decode step's layers, and its lm_head where the lane has no mtp
         assert n_xt == {64: 4, 32: 4, 24: 4, 16: 0}[btg] * n_layers + (btg >= 24 and not mtp), n_xt
@@ -560,29 +612,26 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
         assert nxt == 0
 
 
-def test_attention_kernel_choice(monkeypatch, tmp_path):
-    """The program runs attn_tc (tensor cores); with ops.ATTN_TC off it runs attention.cuh's attn
-    over the same grid and scratch, and that program passes the gate too."""
-    from qwen38gen import gate as G
-    from qwen38gen import ops
+def test_attention_tuning():
+    """The program runs attn_tc (tensor cores) at the table's ST 2, MB 0 and a grid aimed at one
+    block per SM; Tuning.attn_st / attn_mb / attn_grid change the instance and the grid (and the
+    lane name), and a ring that does not fit a block's shared memory is refused before emitting."""
+    def attn(*tune):
+        prog = emit_program(PRESETS["qwen3.8-27b"], Lanes.make(16, pt=1, tuning=tuned(*tune)))
+        launches = [L for L in prog.manifest["schedule"]["decode"] if L["k"].startswith("q38_attn_tc")]
+        return prog, {L["k"] for L in launches}, {tuple(L["grid"]) for L in launches}
 
-    def attn_kernels(prog):
-        return {L["k"] for L in prog.manifest["schedule"]["decode"]
-                if L["k"].startswith("q38_attn") and "prep" not in L["k"]}
-
-    cfg, lanes = PRESETS["tiny"], Lanes.make(3, pt=4)
-    tc = emit_program(cfg, lanes)
-    assert attn_kernels(tc) == {"q38_attn_tc_pt1"}
-    monkeypatch.setattr(ops, "ATTN_TC", False)
-    cc = emit_program(cfg, lanes)
-    assert attn_kernels(cc) == {"q38_attn_pt1_hg3"}
-    cu, _ = write_program(cc, tmp_path / "cc.cu")
-    res = G.gate_file(cu)
-    assert not res.problems
-    grids = [[L["grid"] for L in p.manifest["schedule"]["decode"] if L["k"] in attn_kernels(p)]
-             for p in (tc, cc)]
-    # grid.y, grid.z: (sequence, kv head) pairs and chunk rows alike; grid.x: each kernel's target
-    assert [g[1:] for g in grids[0]] == [g[1:] for g in grids[1]]
+    plain, names, grids = attn()
+    assert names == {"q38_attn_tc_pt1"} and grids == {(2, 64, 1)}   # 132 // (16 · 4 pairs)
+    assert plain.manifest["kernels"]["q38_attn_tc_pt1"]["call"].endswith(", 4, 2, 256, 0>")
+    prog, _, grids = attn("attn_st=3", "attn_mb=1", "attn_grid=264")
+    assert grids == {(4, 64, 1)}
+    assert prog.manifest["kernels"]["q38_attn_tc_pt1"]["call"].endswith(", 4, 3, 256, 1>")
+    assert prog.lanes.name != plain.lanes.name
+    with pytest.raises(UserError, match=re.escape(
+            "tuning attn_st=4: attn_tc then needs 291328 bytes of shared memory for model "
+            "'qwen3.8-27b', more than the 232448 a block of sm_90a may have; use a smaller attn_st")):
+        attn("attn_st=4")
 
 
 def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
@@ -590,7 +639,9 @@ def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
     five blocks per SM, version 20) carry resident 5 in the manifest for the gate to check; the
     64-row ones (three, as their __launch_bounds__ say) and every other entry carry none, and the
     program's source does not change with it."""
-    from qwen38gen import ops
+    from qwen38gen.plan import table
+    from qwen38gen.plan.entries import Plan
+    from qwen38gen.plan.wgmma import wgmma_entry
 
     cfg = PRESETS["qwen3.8-27b"]
     for batch, want in ((24, 5), (64, 0), (32, 5)):
@@ -601,12 +652,12 @@ def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
         assert {n.split("_")[2] for n in split} == {"k17408", "k6144"}
         assert all(res[n] == want for n in split)
         assert not any(r for n, r in res.items() if n not in split)
-    monkeypatch.setattr(ops, "WGMMA_XT_RESIDENT", {})
+    monkeypatch.setattr(table, "WGMMA_Q4_XT_RESIDENT", {})
     bare = emit_program(cfg, Lanes.make(32, pt=1))
     assert bare.source == prog.source and bare.manifest != prog.manifest
-    plan = ops.Plan()
-    a = ops.wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0)
+    plan = Plan()
+    a = wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0)
     plan.entry(a)
-    plan.entry(ops.wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0, resident=5))  # where it needs five
+    plan.entry(wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0, resident=5))  # where it needs five
     plan.entry(a)
     assert [x.resident for x in plan.entries] == [5]

@@ -5,8 +5,6 @@ grids, the prefill chunk loop with sequences of different lengths (some idle in 
 the hand-off to decode. (It found the o-buffer stride bug that only shows with more than one row.)
 """
 
-import re
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,8 @@ from qwen38gen.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
+from qwen38gen.plan.arch import arch_facts
+from qwen38gen.tuning import ROLES, Tuning
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
 from tests.schedule_emu import Emu
@@ -35,35 +35,38 @@ def setup():
 def test_schedule_matches_reference(setup, B, pt, btg):
     """(40, 4, 64): batch tiles of 64 rows with 40 real, where the down projection's wgmma_q4
     reads the SwiGLU output in tile order (XT = 1). B = 1 and 16: gate_up with SwiGLU in its
-    epilogue (ops.swiglu_fuses) in the decode steps."""
+    epilogue (plan.gemv.swiglu_fuses) in the decode steps."""
     cfg, t, ref = setup
     man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt)).manifest
     _check_against_reference(cfg, t, ref, man, B, pt, btg)
 
 
 @pytest.mark.slow
-def test_schedule_with_wgmma_sk_matches_reference(setup, monkeypatch):
-    """QWEN38_WGMMA_SK=all (how `check` locks wgmma_sk_q4 on the tiny model): every tile-order
+def test_schedule_with_wgmma_sk_matches_reference(setup):
+    """Tuning wgmma_sk=all (how `check` locks wgmma_sk_q4 on the tiny model): every tile-order
     GEMV is a wgmma_sk_q4 launch, with its scratch arguments and one block per SM; the
     schedule's wiring still gives the reference's logits."""
-    from qwen38gen import ops
-
     cfg, t, ref = setup
-    monkeypatch.setattr(ops, "WGMMA_SK", "all")
-    man = emit_program(cfg, Lanes.make(40, btg=64, pt=4)).manifest
-    sk = [L for L in man["schedule"]["decode"] if "_sk" in L["k"]]
+    tuning = Tuning.parse(["wgmma_sk=all"])
+    man = emit_program(cfg, Lanes.make(40, btg=64, pt=4, tuning=tuning)).manifest
+    sk = [L for L in man["schedule"]["decode"] if _family(man, L) == "wgmma_sk_q4"]
     assert len(sk) == 4 * cfg.num_hidden_layers + 1   # in, out, gate_up, down, and the lm_head
-    assert all(L["grid"][0] <= ops.SK_SMS and L["args"][-1][1] == "gemm_arrivals" for L in sk)
+    assert all(L["grid"][0] <= arch_facts("sm_90a").sms and L["args"][-1][1] == "gemm_arrivals" for L in sk)
     _check_against_reference(cfg, t, ref, man, 40, 4, 64)
 
 
+def _family(man, L):
+    return man["kernels"][L["k"]]["family"]
+
+
 def _check_against_reference(cfg, t, ref, man, B, pt, btg):
+    dec = man["schedule"]["decode"]
     if B in (1, 16):
-        assert any("_e2_" in L["k"] for L in man["schedule"]["decode"])
-    if btg == 64:
-        assert any(L["k"].endswith("_t1") for L in man["schedule"]["decode"])
-        assert any((L["k"].startswith("q38_swiglu") and L["k"].endswith("_t8"))
-                   or ("_sk" in L["k"] and "_e2_" in L["k"]) for L in man["schedule"]["decode"])
+        assert any(L.get("epi") == 2 for L in dec)
+    if btg == 64:   # the down projection reads SwiGLU's output in tile order
+        assert any(L.get("tiles") == 8 and L["role"] == "down" for L in dec)
+        assert any((_family(man, L) == "swiglu" and man["kernels"][L["k"]]["tiles"] == 8)
+                   or (_family(man, L) == "wgmma_sk_q4" and L["epi"] == 2) for L in dec)
     emu = Emu(man, cfg, t, tmax=64)
     rng = np.random.default_rng(B * 100 + pt)
     prompts = [list(map(int, rng.integers(0, cfg.vocab_size, (9, 1, 5)[b % 3])))
@@ -108,20 +111,18 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
 
 @pytest.mark.parametrize("B", [pytest.param(16, marks=pytest.mark.slow),
                                pytest.param(9, marks=pytest.mark.slow), 1, 3])
-def test_schedule_with_sk16_matches_reference(setup, monkeypatch, B):
-    """QWEN38_SK16 / QWEN38_SK8 (version 22) over every shape kind: at 16- and 8-row tiles each
+def test_schedule_with_sk16_matches_reference(setup, B):
+    """Tuning ROLE.sk16 / ROLE.sk8 (version 22) over every role: at 16- and 8-row tiles each
     GEMV is a wgmma_sk_q4 launch (store, residual add, and SwiGLU into the down projection's
     tile order) reading its input in the tile order the norm writes; partial tiles at B = 9, 3
     and one row."""
-    from qwen38gen import ops
-
     cfg, t, ref = setup
-    every = "gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1"
-    monkeypatch.setattr(ops, "SK16", every)
-    monkeypatch.setattr(ops, "SK8", every)
-    man = emit_program(cfg, Lanes.make(B, pt=4)).manifest
+    every = Tuning.parse([f"{r}.{f}=3:6:1" for r in ROLES for f in ("sk16", "sk8")])
+    man = emit_program(cfg, Lanes.make(B, pt=4, tuning=every)).manifest
     nt = 2 if B > 8 else 1
-    gemvs = [L for L in man["schedule"]["decode"] if L["k"].startswith("q38_gemv")]
-    assert gemvs and all(f"_sk3_n{nt}_" in L["k"] and "_p1_t1" in L["k"] for L in gemvs)
-    assert {re.search(r"_e(\d)_", L["k"]).group(1) for L in gemvs} == {"0", "1", "2"}
+    gemvs = [L for L in man["schedule"]["decode"] if "role" in L]
+    assert gemvs and all(_family(man, L) == "wgmma_sk_q4" and L["tiles"] == nt for L in gemvs)
+    assert {tuple(man["kernels"][L["k"]]["config"][x] for x in ("nt", "cw", "xs", "pp"))
+            for L in gemvs} == {(nt, 3, 6, 1)}
+    assert {L["epi"] for L in gemvs} == {0, 1, 2}
     _check_against_reference(cfg, t, ref, man, B, 4, None)

@@ -39,12 +39,15 @@ def test_trace_variant_compiles(tmp_path, monkeypatch):
 def _manifest():
     sched = [
         {"k": "q38_rmsnorm_h512", "grid": [1, 1, 1], "args": [["buf", "x", 0, 0]]},
-        {"k": "q38_gemv_a", "grid": [2, 1, 1], "args": [["w", "L0.gate_up", "qweight"]]},
-        {"k": "q38_gemv_a", "grid": [2, 1, 1], "args": [["w", "L1.in", "qweight"]]},
+        {"k": "q38_gemv_a", "grid": [2, 1, 1], "args": [["w", "L0.gate_up", "qweight"]],
+         "role": "gate_up", "weight": "L0.gate_up"},
+        {"k": "q38_gemv_a", "grid": [2, 1, 1], "args": [["w", "L1.in", "qweight"]],
+         "role": "in", "weight": "L1.in"},
     ]
     weights = {"L0.gate_up": {"rows": 256, "k": 512}, "L1.in": {"rows": 128, "k": 512}}
+    kernels = {"q38_gemv_a": {"family": "gemv_q4"}, "q38_rmsnorm_h512": {"family": "rmsnorm"}}
     return {"schedule": {"decode": sched}, "trace": ["q38_gemv_a", "q38_rmsnorm_h512"],
-            "weights": weights}
+            "weights": weights, "kernels": kernels}
 
 
 class _Cfg:
@@ -112,8 +115,8 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
                       trace=tr)
     seen = {}
 
-    def fake(cfg, bs, ctx, reps, progress, trace):
-        seen["trace"] = trace
+    def fake(cfg, bs, ctx, reps, progress, trace, tuning):
+        seen["trace"], seen["tuning"] = trace, tuning
         return 4e12, [row]
 
     monkeypatch.setattr(Bm, "bench", fake)
@@ -122,9 +125,29 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
     out = tmp_path / "b.json"
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--model", "tiny", "--batch", "1", "--trace", "--json", str(out)])
-    assert e.value.code == 0 and seen["trace"] is True
+    assert e.value.code == 0 and seen["trace"] is True and seen["tuning"].is_default
     text = capsys.readouterr().out
     assert "B = 1: one replay of the trace variant" in text
     assert "gate_up" in text and "gdn.in" in text and "handover" in text
     d = json.loads(out.read_text())
     assert d["rows"][0]["trace"]["step_us"] == pytest.approx(11.0)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
+def test_kinds_come_from_the_kernel_family(arch):
+    """bench's and trace's split of a step by kind reads each kernel's family from the manifest:
+    the GEMVs (every launch with a weight role: gemv_q4, gemm_q4, wgmma_q4, wgmma_sk_q4), the
+    delta rule (gdn), attention (attn_prep, attn_tc), and the rest."""
+    from qwen38gen.timing import kind_of
+
+    man = emit_program(PRESETS["tiny"], Lanes.make(64, mtp=1, arch=arch)).manifest
+    fams = {}
+    for ph, sched in man["schedule"].items():
+        for L in sched if isinstance(sched, list) else []:
+            k = kind_of(man, L)
+            assert (k == "gemv") == ("role" in L), L["k"]
+            fams.setdefault(k, set()).add(man["kernels"][L["k"]]["family"])
+    assert fams["delta rule"] == {"gdn"} and fams["attention"] == {"attn_prep", "attn_tc"}
+    assert fams["gemv"] == ({"gemm_q4", "wgmma_q4", "wgmma_sk_q4"} if arch == "sm_90a"
+                            else {"gemv_q4", "gemm_q4"})
+    assert {"rmsnorm", "rmsnorm_ld", "embed", "argmax", "spec_accept", "topk"} <= fams["rest"]

@@ -10,7 +10,7 @@
 #
 # speed:  the narrow wgmma rates (scripts/wgmma_rate.py); the four-consumer A/B at B = 64, the
 #         gemv_store A/B at B = 1 and 16, gate_up at CW 3, PP 1 at B = 24 and 32, and the 16-
-#         and 8-row GEMVs on wgmma_sk_q4 (QWEN38_SK16 at B = 16, QWEN38_SK8 at B = 1)
+#         and 8-row GEMVs on wgmma_sk_q4 (tune ROLE.sk16 at B = 16, ROLE.sk8 at B = 1)
 #         (scripts/ab_step.py). ~9 min.
 # sweeps: the B = 1 weight stream's stand-ins with the persistent warp-specialized variant
 #         (scripts/stream_bench.py, wsp), and an ncu of the one-row gdn.in; in the four-consumer tree, GEMV_SWEEP=sk4 (64 rows) and
@@ -26,8 +26,14 @@
 set -uo pipefail
 ROOT=$PWD
 C=.cache/ab
+# The tiny model's sk16 locks: every role's 16-row tiles on wgmma_sk_q4 (ROWS: down reads rows).
+# precompile.py takes them as --tune; device.sh's `check` as the QWEN38_SK16 variable, which the
+# CLI maps to the same settings (long: down and fc, narrow: out), so both name the same programs.
 SK16_ALL=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,long=3:6:1,narrow=3:6:1
-SK16_ROWS=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,narrow=3:6:1   # tiny: down (long) reads rows
+SK16_ROWS=gate_up=3:6:1,in=3:6:1,lm_head=3:6:1,narrow=3:6:1
+tunes() { local r; for r in "$@"; do printf -- '--tune %s.sk16=3:6:1 ' "$r"; done; }
+SK16_ALL_TUNE=$(tunes gate_up in lm_head down fc out)
+SK16_ROWS_TUNE=$(tunes gate_up in lm_head out)
 case "${1:-}" in
 prep)
   PY=${PY:-$ROOT/.venv/bin/python}
@@ -39,8 +45,8 @@ prep)
   $PY scripts/ab_step.py prep bench/ab/v22-sk16.txt --batch 16 || exit 1
   $PY scripts/ab_step.py prep bench/ab/v22-sk8.txt --batch 1 || exit 1
   # the SK16 lock: check on the tiny model with every 16-row GEMV on wgmma_sk_q4
-  QWEN38_SK16=$SK16_ALL QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9 || exit 1
-  (cd .ab/rows-cw3 && QWEN38_SK16=$SK16_ROWS QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py tiny:16 tiny:9) || exit 1
+  QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py $SK16_ALL_TUNE tiny:16 tiny:9 || exit 1
+  (cd .ab/rows-cw3 && QWEN38_CACHE=$ROOT/$C $PY scripts/precompile.py $SK16_ROWS_TUNE tiny:16 tiny:9) || exit 1
   $PY scripts/wgmma_rate.py build $C/rate.cubin || exit 1
   $PY scripts/stream_bench.py build $C/sb.cubin || exit 1
   GEMV_SWEEP=g1 $PY scripts/gemv_sweep.py build $C/g1.cubin || exit 1

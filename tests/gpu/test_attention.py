@@ -12,7 +12,7 @@ KV cache whose valid slots (< pos[b]) hold random K/V while every other slot hol
   (isolates attn), and end to end against the independent fp64 chain from qkv;
 * exact zeros in the output rows of padding tokens.
 
-Split-K (attn cuts a row of n slots into ns(n) splits, ops.attn_span / attn_splits): the split
+Split-K (attn cuts a row of n slots into ns(n) splits, PA.attn_span / attn_splits): the split
 scratch starts NaN and the arrival counters at 0; after every launch the counters must be all 0
 again, and a second launch on the same buffers must give bitwise the same output. Covered: n = 1,
 SPLIT − 1, SPLIT, SPLIT + 1, several splits, the most splits (32·SPLIT) and the first grown span
@@ -28,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen import ops
+from qwen38gen.plan import attention as PA
+from qwen38gen.plan.arch import arch_facts
+from qwen38gen.tuning import Tuning
 from qwen38gen.runtime import allow_dynamic_smem
 from qwen38gen.weights import xtile_index
 from tests.gpu import ref_ops as ref
@@ -52,13 +54,21 @@ TOL_ATTN = 1e-2
 TOL_E2E = 2e-2
 
 _MODS: dict = {}
-SPLIT = ops.ATTN_SPLIT
+SPLIT = PA.ATTN_SPLIT
+TC_ST, TC_MB = Tuning().attn_st, Tuning().attn_mb     # the program's attn_tc schedule
+TC_BLOCKS = PA.attn_blocks(Tuning(), arch_facts("sm_90a"))
+# attention.cuh's attn (the CUDA-core kernel no program emits), at its sweep's schedule
+CC_NW, CC_U, CC_ST, CC_MB, CC_RX, CC_HG_FEW, CC_FEW_PAIRS, CC_BLOCKS = 4, 4, 4, 0, 1, 3, 16, 264
+
+
+def _cc_head_groups(H, HKV, pairs):
+    return CC_HG_FEW if pairs <= CC_FEW_PAIRS and (H // HKV) % CC_HG_FEW == 0 else 1
 
 
 def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1, tnt: int = 0):
     """(prep, attn, launch, smem) for one geometry and chunk size. kind "tc": attn_tc with the
-    program's schedule (ops.ATTN_TC_*), its output in rows or (tnt > 0) in wgmma_q4's tile order;
-    "cc": attn, the CUDA-core kernel, with ops.ATTN_* and hg head groups. launch comes from the
+    program's schedule (the table's Tuning), its output in rows or (tnt > 0) in wgmma_q4's tile order;
+    "cc": attn, the CUDA-core kernel, with the CC_* schedule and hg head groups. launch comes from the
     C++ structs: prep threads, prep grid_y, attn threads, split, max_splits, part_floats."""
     key = (kind, H, HKV, PT, hg, tnt)
     if key not in _MODS:
@@ -67,14 +77,14 @@ def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1, tnt: int = 0):
         tag = f"{kind}_h{H}_kv{HKV}_pt{PT}_hg{hg}_t{tnt}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
         if kind == "tc":
-            knobs = f"{ops.ATTN_TC_NW}, {ops.ATTN_TC_ST}, {ops.ATTN_SPLIT}, {ops.ATTN_TC_MB}"
+            knobs = f"{PA.ATTN_TC_NW}, {TC_ST}, {PA.ATTN_SPLIT}, {TC_MB}"
             A, fn = f"q38::AttnTcLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn_tc"
-            smem = ops.attn_tc_smem(_Geom(H, HKV))
+            smem = PA.attn_tc_smem(_Geom(H, HKV), PA.ATTN_TC_NW, TC_ST)
         else:
-            knobs = (f"{ops.ATTN_NW}, {ops.ATTN_U}, {hg}, {ops.ATTN_ST}, {ops.ATTN_SPLIT}, "
-                     f"{ops.ATTN_MB}, {ops.ATTN_RX}")
+            knobs = (f"{CC_NW}, {CC_U}, {hg}, {CC_ST}, {PA.ATTN_SPLIT}, "
+                     f"{CC_MB}, {CC_RX}")
             A, fn = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn"
-            smem = ops.attn_smem(_Geom(H, HKV))
+            smem = CC_ST * CC_NW * CC_U * 2 * D * 2
         src = f"""
 #include "attention_tc.cuh"
 using q38::bf16;
@@ -99,9 +109,9 @@ static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
         launch = np.zeros(6, np.int32)
         drv.memcpy_dtoh(launch, ptr)
         launch = tuple(int(v) for v in launch)
-        # the Python mirror (ops.py) sizes the scratch and picks the grid: it must agree
-        assert launch[3:] == (ops.ATTN_SPLIT, ops.ATTN_MAX_SPLITS,
-                              ops.attn_part_floats(_Geom(H, HKV))), launch
+        # the Python mirror (qwen38gen/plan/attention.py) sizes the scratch and picks the grid: it must agree
+        assert launch[3:] == (PA.ATTN_SPLIT, PA.ATTN_MAX_SPLITS,
+                              PA.attn_part_floats(_Geom(H, HKV))), launch
         attn = mod.get_function(f"attn_{tag}")
         allow_dynamic_smem(attn, smem)
         _MODS[key] = (mod.get_function(f"prep_{tag}"), attn, launch, smem)
@@ -110,13 +120,12 @@ static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
 
 @pytest.fixture(params=["tc", "cc"])
 def kind(request):
-    """The attention kernel under test: attn_tc (tensor cores, what the program runs while
-    ops.ATTN_TC) or attn (CUDA cores)."""
+    """The attention kernel under test: attn_tc (tensor cores, what the program runs  or attn (CUDA cores)."""
     return request.param
 
 
 class _Geom:
-    """The ModelConfig fields ops.attn_part_floats reads."""
+    """The ModelConfig fields PA.attn_part_floats reads."""
 
     def __init__(self, H, HKV):
         self.num_attention_heads, self.num_key_value_heads, self.head_dim = H, HKV, D
@@ -127,16 +136,16 @@ def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=Non
     buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
     tnt > 0 (attn_tc): the output in tile order for 8·tnt-row tiles, read back into rows.
     Returns qbuf, kc, vc, out (of the first attn launch)."""
-    hg = 1 if kind == "tc" else ops.attn_head_groups(_Geom(H, HKV), B * HKV * PT)
+    hg = 1 if kind == "tc" else _cc_head_groups(H, HKV, B * HKV * PT)
     prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg, tnt)
     R, ld = qkv.shape
-    target = ops.ATTN_TC_BLOCKS if kind == "tc" else ops.ATTN_BLOCKS
-    gx = ops.attn_grid_x(B * HKV * PT, target) if gx is None else gx
+    target = TC_BLOCKS if kind == "tc" else CC_BLOCKS
+    gx = PA.attn_grid_x(B * HKV * PT, target) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
     pos_d, ntok_d = to_gpu(np.asarray(pos, np.int32)), to_gpu(np.asarray(ntok, np.int32))
     kc_d, vc_d = to_gpu(kc0), to_gpu(vc0)
     qbuf_d = poisoned((R, H, D), BF16)
-    part_d = poisoned((R, HKV, ops.attn_stride(tmax), ops.attn_part_floats(_Geom(H, HKV))),
+    part_d = poisoned((R, HKV, PA.attn_stride(tmax), PA.attn_part_floats(_Geom(H, HKV))),
                       np.float32)
     arr_d = to_gpu(np.zeros((R, HKV), np.int32))
     prep(qkv_d.gpudata, np.int32(ld), qn_d.gpudata, kn_d.gpudata, np.float32(EPS),
@@ -237,7 +246,7 @@ def _run_case(kind, geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx
 
     nmax = int(min(prow[valid].max() + 1, tmax))
     print(f"attn[{kind}] {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
-          f"splits<={ops.attn_splits(nmax)} gx={gx}: "
+          f"splits<={PA.attn_splits(nmax)} gx={gx}: "
           f"q {e_q:.2e} k {e_k:.2e} attn {e_a:.2e}" + (f" e2e {e_e:.2e}" if e2e else ""))
     assert e_q < TOL_QK, f"q buffer: worst row rel err {e_q:.2e}"
     assert e_k < TOL_QK, f"written K: worst slot rel err {e_k:.2e}"
@@ -308,12 +317,12 @@ def test_split_rule():
     """The split rule as documented: n only, spans of whole SPLITs, at most 32 splits, every split
     non-empty, and attn_stride(tmax) bounds the splits of every n <= tmax."""
     for n in list(range(1, 5000)) + [100001, 262144]:
-        span, ns = ops.attn_span(n), ops.attn_splits(n)
-        assert span % SPLIT == 0 and 1 <= ns <= ops.ATTN_MAX_SPLITS and (ns - 1) * span < n <= ns * span
+        span, ns = PA.attn_span(n), PA.attn_splits(n)
+        assert span % SPLIT == 0 and 1 <= ns <= PA.ATTN_MAX_SPLITS and (ns - 1) * span < n <= ns * span
         assert (n > SPLIT) == (ns > 1)
     for tmax in list(range(1, 3000, 7)) + [100006]:
-        assert max(ops.attn_splits(n) for n in range(1, tmax + 1)) == ops.attn_stride(tmax)
-    assert [ops.attn_splits(n) for n in EDGES] == [1, 1, 1, 2, 6, 32, 17, 24]
+        assert max(PA.attn_splits(n) for n in range(1, tmax + 1)) == PA.attn_stride(tmax)
+    assert [PA.attn_splits(n) for n in EDGES] == [1, 1, 1, 2, 6, 32, 17, 24]
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))

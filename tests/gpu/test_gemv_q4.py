@@ -10,10 +10,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen import ops
 from qwen38gen import weights as wq
+from qwen38gen.plan.arch import arch_facts
+from qwen38gen.plan.gemv import EPI_SWIGLU, gemm_launch, gemm_part_floats, gemm_smem, gemv_smem
+from qwen38gen.plan.wgmma import (sk_grid, sk_launch, sk_pub_floats, sk_smem, wgmma_launch,
+                                  wgmma_part_floats, wgmma_smem)
+from qwen38gen.tuning import Tuning
 from qwen38gen.runtime import allow_dynamic_smem
 from tests.gpu.harness import BF16, build, poisoned, rel_err, to_gpu
+
+H200 = arch_facts("sm_90a")
+
+
+def _role(N: int, K: int) -> str:
+    """The 27B weight a test shape stands for (by its size), whose table schedule it takes."""
+    if N >= 65536:
+        return "lm_head"
+    if N >= 24576:
+        return "gate_up"
+    if N >= 8192:
+        return "in"
+    return "down" if K >= 2 * N else "out"
+
 
 # (N, K): the tiny geometry's fused shapes, a 27B-like K, and N not a multiple of 16.
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
@@ -45,7 +63,7 @@ extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
 }}
 """
         fn = build(src).get_function(name)
-        smem = ops.gemv_smem(K, mt, st, a)
+        smem = gemv_smem(K, mt, st, a)
         allow_dynamic_smem(fn, smem)
         _MODS[key] = (fn, smem)
     return _MODS[key]
@@ -173,7 +191,7 @@ def test_gemv_schedules_bitwise(cuda_ctx, N, K):
     print(f"gemv_q4 N={N} K={K}: schedules {SCHEDULES} bitwise equal to the plain one")
 
 
-# SwiGLU in gate_up's epilogue (EPI_SWIGLU, ops.mlp): the block takes gate tile t and up tile
+# SwiGLU in gate_up's epilogue (EPI_SWIGLU, plan.builder mlp): the block takes gate tile t and up tile
 # t + MS. Features F: the tiny model's, a 27B-like K, F = 40 (the gate part padded to 48 rows,
 # so the up part starts at tile 3, not at row F), and K = 128 (KS = 1: no part sum).
 SWIGLU_SHAPES = [(1024, 512), (96, 5120), (40, 1024), (48, 128)]
@@ -217,7 +235,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
         out = {"ref": mod.get_function("swiglu_ref")}
         for sched, (name, threads) in names.items():
             fn = mod.get_function(name)
-            smem = ops.gemv_smem(K, 2, sched[1], sched[3])
+            smem = gemv_smem(K, 2, sched[1], sched[3])
             allow_dynamic_smem(fn, smem)
             out[sched] = (fn, smem, threads)
         _SWIGLU[key] = out
@@ -264,7 +282,7 @@ def test_gemv_swiglu_epilogue_bitwise(cuda_ctx, F, K):
           "plain GEMV + swiglu")
 
 
-# ZS > 1 (ops.gemv_split): a row block's KS parts spread over a cluster of ZS blocks, summed in
+# ZS > 1 (plan.gemv.gemv_split): a row block's KS parts spread over a cluster of ZS blocks, summed in
 # part order through distributed shared memory. Shapes: the 27B down projection, a 27B-like K
 # with N not a multiple of 16, K = 512 (KS = 4) and K = 768 (KS = 6, the tiny model's down).
 SPLIT_SHAPES = [(5120, 17408), (96, 5120), (3072 + 512 + 512, 512), (40, 768)]
@@ -296,7 +314,7 @@ extern "C" __global__ void __launch_bounds__({32 * ks // z}, 1) __cluster_dims__
         out = {}
         for key, name in names.items():
             fn = mod.get_function(name)
-            smem = ops.gemv_smem(K, key[0], key[2], key[4], key[5])
+            smem = gemv_smem(K, key[0], key[2], key[4], key[5])
             allow_dynamic_smem(fn, smem)
             out[key] = (fn, smem)
         _SPLIT[K] = out
@@ -344,7 +362,7 @@ def test_gemv_cluster_split_bitwise(cuda_ctx, N, K):
 # parts of K optionally split over ZS blocks. Configs (MT, NT, WR, ST, ZS): one and two m-tiles
 # per warp, 4 and 8 warps, 2-4 stages, ZS = 1 (in-block part sums), 2, 4, 8 (parts through
 # global memory, merged by the last block), MB (below).
-# MB: min blocks per SM in the launch bounds (2 caps the registers at 128, as ops does for the
+# MB: min blocks per SM in the launch bounds (2 caps the registers at 128, as the planner does for the
 # split down projection). The program's configs: (2, 8, 4, 3, 1, 1) and (1, 8, 8, 3, 8, 2).
 GEMM_CONFIGS = [(1, 2, 4, 2, 1, 1), (2, 2, 8, 4, 1, 1), (1, 8, 8, 3, 1, 1), (2, 8, 8, 3, 1, 1),
                 (1, 2, 8, 4, 8, 1), (2, 8, 8, 3, 4, 1), (1, 8, 4, 3, 2, 1), (2, 4, 8, 4, 1, 1),
@@ -366,10 +384,10 @@ extern "C" __global__ void __launch_bounds__({32 * wr}, {mb})
 }}
 static_assert(q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::threads == {32 * wr}, "");
 static_assert(q38::GemmLaunch<{mt}, {nt}, {ks}, {wr}, {st}, {zs}>::dyn_smem_bytes ==
-              {ops.gemm_smem(K, mt, nt, wr, st, zs)}, "ops.gemm_smem");
+              {gemm_smem(K, mt, nt, wr, st, zs)}, "plan.gemm_smem");
 """
         fn = build(src).get_function(name)
-        smem = ops.gemm_smem(K, mt, nt, wr, st, zs)
+        smem = gemm_smem(K, mt, nt, wr, st, zs)
         allow_dynamic_smem(fn, smem)
         _GEMM[key] = (fn, smem)
     return _GEMM[key]
@@ -382,7 +400,7 @@ def _run_gemm(k, qw, sc, x, y, N, R, mt, nt, ks, wr, zs):
     fn, smem = k
     tiles = qw.shape[0]
     gx, gy = -(-tiles // (mt * wr)), -(-R // (8 * nt))
-    part = ga.empty(ops.gemm_part_floats(qw.shape[1] * 64, mt, nt, wr) * gx * gy, np.float32)
+    part = ga.empty(gemm_part_floats(qw.shape[1] * 64, mt, nt, wr) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(x.shape[1]), y.gpudata, np.int32(y.shape[1]),
@@ -396,7 +414,7 @@ def _run_gemm(k, qw, sc, x, y, N, R, mt, nt, ks, wr, zs):
 def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
     """gemm_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
     not multiples of the tile, an activation stride wider than K, and leaves its counters at 0;
-    so ops may pick either kernel per shape and batch without touching a row's result."""
+    so the planner may pick either kernel per shape and batch without touching a row's result."""
     rng = np.random.default_rng([N, K, 6])
     qweight, sc, wdq = _weights(rng, N, K)
     qw_d, sc_d = to_gpu(qweight), to_gpu(sc)
@@ -418,7 +436,7 @@ def test_gemm_bitwise_equals_gemv(cuda_ctx, N, K):
 
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536)])
 def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
-    """The configs ops.gemm_config and ops.gemm_split pick for the program at btg 64 (a wide
+    """The configs plan.gemv.gemm_config and gemm_split pick for the program at btg 64 (a wide
     weight, and a long-K one split over blocks), and the same configs at btg 32 (measured, not
     adopted), give gemv_q4's bits, both epilogues."""
     rng = np.random.default_rng([N, K, 7])
@@ -430,7 +448,7 @@ def test_gemm_program_configs_bitwise(cuda_ctx, N, K):
         nt = btg // 8
         for R in (1, btg, btg + 5):
             # the program's launch at btg 64; at btg 32 the same schedule over 32-row tiles
-            mt, wr, st, zs, mbz = ops.gemm_launch(N, K, 64, R * 64 // btg)
+            mt, wr, st, zs, mbz = gemm_launch(_role(N, K), N, K, 64, R * 64 // btg, H200)
             for epi in (0, 1):
                 fn = _gemm_kernel(K, mt, nt, ks, epi, wr, st, zs, mbz)
                 _against_gemv(rng, qw_d, sc_d, None, N, K, R, nt, ks, epi,
@@ -464,12 +482,12 @@ extern "C" __global__ void __launch_bounds__({128 * wg}, {mb})
 }}
 static_assert(q38::WgmmaLaunch<{targs}>::threads == {128 * wg}, "");
 static_assert(q38::WgmmaLaunch<{targs}>::dyn_smem_bytes ==
-              {ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)}, "ops.wgmma_smem");
-static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {ops.wgmma_part_floats(K, nt, wg, mw)},
-              "ops.wgmma_part_floats");
+              {wgmma_smem(K, nt, wg, mw, xs, zs, xt)}, "plan.wgmma_smem");
+static_assert(q38::WgmmaLaunch<{targs}>::part_floats == {wgmma_part_floats(K, nt, wg, mw)},
+              "plan.wgmma_part_floats");
 """
         fn = build(src, arch="sm_90a").get_function(name)
-        smem = ops.wgmma_smem(K, nt, wg, mw, xs, zs, xt)
+        smem = wgmma_smem(K, nt, wg, mw, xs, zs, xt)
         allow_dynamic_smem(fn, smem)
         _WGMMA[key] = (fn, smem)
     return _WGMMA[key]
@@ -482,7 +500,7 @@ def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs, ldx=None):
     fn, smem = k
     tiles = qw.shape[0]
     gx, gy = -(-tiles // (4 * wg * mw)), -(-R // (8 * nt))
-    part = ga.empty(ops.wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
+    part = ga.empty(wgmma_part_floats(qw.shape[1] * 64, nt, wg, mw) * gx * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(gx * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, x.gpudata, np.int32(ldx or x.shape[1]), y.gpudata, np.int32(y.shape[1]),
@@ -496,7 +514,7 @@ def _run_wgmma(k, qw, sc, x, y, N, R, nt, wg, mw, zs, ldx=None):
 def test_wgmma_bitwise_equals_gemv(cuda_ctx, N, K):
     """wgmma_q4 gives gemv_q4's bits for every config, both epilogues, batches that are and are
     not multiples of the tile, an activation stride wider than K, weights whose rows do not fill
-    the last warpgroup, and leaves its counters at 0; so ops may pick it per shape and batch
+    the last warpgroup, and leaves its counters at 0; so the planner may pick it per shape and batch
     without touching a row's result."""
     rng = np.random.default_rng([N, K, 8])
     qweight, sc, wdq = _weights(rng, N, K)
@@ -557,7 +575,7 @@ def test_wgmma_xt_bitwise_equals_gemv(cuda_ctx, N, K):
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (512, 1536), (65536 + 16, 256),
                                  (24576 + 16, 256)])
 def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
-    """The configs ops.wgmma_launch picks for the sm_90a program (in-projection-, long-K-,
+    """The configs plan.wgmma.wgmma_launch picks for the sm_90a program (in-projection-, long-K-,
     lm_head- and gate_up-sized weights) at btg 24, 32 and 64, with the activations in rows and,
     where the producer can write it, in tile order (XT = 1), give gemv_q4's bits, both
     epilogues."""
@@ -570,7 +588,7 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
         nt = btg // 8
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             for tiled in (False, True):   # the caller's producer can write the tile order
-                wl = ops.wgmma_launch(N, K, btg, R, xt=tiled)
+                wl = wgmma_launch(_role(N, K), N, K, btg, R, Tuning(), H200, xt=tiled)
                 if wl is None:
                     continue
                 wg, mw, xs, zs, mb, xt, pp = wl
@@ -581,7 +599,7 @@ def test_wgmma_program_configs_bitwise(cuda_ctx, N, K):
                                   f"N={N} K={K} btg={btg} wgmma {wl}", tiled=bool(xt))
                     seen.add((btg, wl))
     if not seen:
-        pytest.skip(f"ops picks no wgmma_q4 launch for {N} x {K}")
+        pytest.skip(f"the planner picks no wgmma_q4 launch for {N} x {K}")
     print(f"wgmma_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
 
 
@@ -609,16 +627,16 @@ extern "C" __global__ void __launch_bounds__({128 * (cw + 1)}, 1)
   q38::wgmma_sk_q4<{K}, {nt}, {ks}, {epi}, {cw}, {xs}, {pp}>(q, s, x, ldx, y, ldy, N, R, part,
                                                             arrivals);
 }}
-static_assert(q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes == {ops.sk_smem(8 * nt, cw, xs)},
-              "ops.sk_smem");
-static_assert(q38::WgmmaSkLaunch<{targs}>::pub_floats == {ops.sk_pub_floats(8 * nt, cw)},
-              "ops.sk_pub_floats");""")
+static_assert(q38::WgmmaSkLaunch<{targs}>::dyn_smem_bytes == {sk_smem(8 * nt, cw, xs)},
+              "plan.sk_smem");
+static_assert(q38::WgmmaSkLaunch<{targs}>::pub_floats == {sk_pub_floats(8 * nt, cw)},
+              "plan.sk_pub_floats");""")
                 names[(nt, cw, xs, pp, epi)] = name
         mod = build("\n".join(src), arch="sm_90a")
         _SK[K] = {}
         for key, name in names.items():
             fn = mod.get_function(name)
-            smem = ops.sk_smem(8 * key[0], key[1], key[2])
+            smem = sk_smem(8 * key[0], key[1], key[2])
             allow_dynamic_smem(fn, smem)
             _SK[K][key] = (fn, smem)
     return _SK[K]
@@ -630,9 +648,9 @@ def _run_sk(k, qw, sc, xt, y, N, R, nt, cw, G):
     import pycuda.gpuarray as ga
 
     fn, smem = k
-    tb = ops.sk_grid(N, qw.shape[1] * 64, cw)[1]
+    tb = sk_grid(N, qw.shape[1] * 64, cw, H200)[1]
     gy = -(-R // (8 * nt))
-    part = ga.empty(ops.sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
+    part = ga.empty(sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
     part.fill(np.float32(np.nan))
     arrivals = ga.zeros(tb * gy, np.int32)
     fn(qw.gpudata, sc.gpudata, xt.gpudata, np.int32(qw.shape[1] * 64), y.gpudata,
@@ -671,7 +689,7 @@ def test_wgmma_sk_bitwise_equals_gemv(cuda_ctx, N, K):
 
 @pytest.mark.parametrize("N,K", [(8192 + 48, 1024), (65536 + 16, 256), (24576 + 16, 256)])
 def test_wgmma_sk_program_configs_bitwise(cuda_ctx, N, K):
-    """The configs and grids ops.sk_launch / ops.sk_grid give the sm_90a program (in-projection-,
+    """The configs and grids plan.wgmma.sk_launch / sk_grid give the sm_90a program (in-projection-,
     lm_head- and gate_up-sized weights) at btg 24, 32 and 64 give gemv_q4's bits, both epilogues."""
     rng = np.random.default_rng([N, K, 19])
     qweight, sc, _ = _weights(rng, N, K)
@@ -680,11 +698,11 @@ def test_wgmma_sk_program_configs_bitwise(cuda_ctx, N, K):
     seen = set()
     for btg in (24, 32, 64):
         nt = btg // 8
-        sk = ops.sk_launch(N, K, btg)
+        sk = sk_launch(_role(N, K), btg, Tuning())
         if sk is None:
             continue
         cw, xs, pp = sk
-        G, _ = ops.sk_grid(N, K, cw)
+        G, _ = sk_grid(N, K, cw, H200)
         src = ['#include "wgmma_sk_q4.cuh"']
         for epi in (0, 1):
             src.append(f"""
@@ -697,7 +715,7 @@ skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::
         mod = build("\n".join(src), arch="sm_90a")
         fns = {}
         for epi in (0, 1):
-            fns[epi] = (mod.get_function(f"skp_{epi}"), ops.sk_smem(btg, cw, xs))
+            fns[epi] = (mod.get_function(f"skp_{epi}"), sk_smem(btg, cw, xs))
             allow_dynamic_smem(fns[epi][0], fns[epi][1])
         for R in (1, btg, btg + 5, 16 * btg):   # 16 * btg: a prefill chunk's rows
             for epi in (0, 1):
@@ -706,7 +724,7 @@ skp_{epi}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::
                               f"N={N} K={K} btg={btg} wgmma_sk {sk} G={G}", tiled=True)
                 seen.add((btg, sk, G))
     if not seen:
-        pytest.skip(f"ops picks no wgmma_sk_q4 launch for {N} x {K}")
+        pytest.skip(f"the planner picks no wgmma_sk_q4 launch for {N} x {K}")
     print(f"wgmma_sk_q4 N={N} K={K}: program configs {sorted(seen)} bitwise equal to gemv_q4")
 
 
@@ -741,16 +759,16 @@ sks_{nt}_{cw}_{xs}_{pp}(const uint4* q, const q38::bf16* s, const q38::bf16* x, 
 }}
 static_assert(q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::dyn_smem_bytes +
               q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::swiglu_bytes ==
-              {ops.sk_smem(8 * nt, cw, xs, ops.EPI_SWIGLU)}, "ops.sk_smem");""")
+              {sk_smem(8 * nt, cw, xs, EPI_SWIGLU)}, "plan.sk_smem");""")
     src.append(SWIGLU_REF)
     mod = build("\n".join(['#include "elementwise.cuh"'] + src), arch="sm_90a")
     ref_fn = mod.get_function("swiglu_ref")
     tried = 0
     for nt, cw, xs, pp in SK_SWIGLU_CONFIGS:
         fn = mod.get_function(f"sks_{nt}_{cw}_{xs}_{pp}")
-        smem = ops.sk_smem(8 * nt, cw, xs, ops.EPI_SWIGLU)
+        smem = sk_smem(8 * nt, cw, xs, EPI_SWIGLU)
         allow_dynamic_smem(fn, smem)
-        G_prog, tb = ops.sk_grid(2 * F, K, cw)
+        G_prog, tb = sk_grid(2 * F, K, cw, H200)
         grids = sorted({1, 3, min(tb, 7), G_prog, tb * ks})
         for R, G in [(1, G_prog), (8 * nt, grids[0]), (8 * nt + 5, grids[1])] + \
                 [(3 * 8 * nt + 2, g) for g in grids[2:]]:
@@ -763,7 +781,7 @@ static_assert(q38::WgmmaSkLaunch<{nt}, {ks}, {cw}, {xs}>::dyn_smem_bytes +
                    block=(32, 1, 1), grid=(-(-F // 256), R))
             gy = -(-R // (8 * nt))
             got = poisoned((gy * 8 * nt * F,), BF16)
-            part = ga.empty(ops.sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
+            part = ga.empty(sk_pub_floats(8 * nt, cw) * tb * gy, np.float32)
             part.fill(np.float32(np.nan))
             arrivals = ga.zeros(tb * gy, np.int32)
             fn(qw_d.gpudata, sc_d.gpudata, xt.gpudata, np.int32(K), got.gpudata, np.int32(F),
