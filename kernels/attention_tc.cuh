@@ -1,11 +1,11 @@
-// attention_tc.cuh: attn_tc, the decode / prefill attention of attention.cuh on the tensor cores
-// (mma.sync m16n8k16, bf16 in, fp32 accumulate). Same inputs, outputs, scratch, split rule and
-// launch grid as attn (attention.cuh's header describes them); only the arithmetic of a split
-// differs:
+// attention_tc.cuh: attn_tc, the decode / prefill attention on the tensor cores (mma.sync
+// m16n8k16, bf16 in, fp32 accumulate). Its inputs, output, scratch, split rule and launch grid are
+// described in attention.cuh's header (which holds attn_prep and the pieces shared with it); the
+// arithmetic of a split:
 //
 //   Sᵀ = Q · Kᵀ   M = the G query heads of the kv head (rows G … 15 are zero), N = 8 slots,
 //                 K = the 256 head dims: 16 k-steps per 8 slots. Scores in fp32 (the mma's sums),
-//                 then × log2(e)/√D: the log2 domain, as attn.
+//                 then × log2(e)/√D: the log2 domain (exp2f below).
 //   online softmax per head over the warp's 16 slots of a step (running max m, per-lane sums l),
 //   P = bf16(2^(s − m))   rounded once, as HF rounds the softmax to bf16 before P·V
 //   Oᵀ += Vᵀ · Pᵀ  M = 16 head dims per m-tile (16 m-tiles), N = 8 heads, K = the 16 slots.
@@ -17,11 +17,11 @@
 // that the eight rows of every 8x8 matrix fall in eight different bank groups.
 //
 // Work split: NW warps per block; a block step is 16·NW consecutive slots and warp ws takes
-// slots 16·ws … 16·ws + 15 of it (NW and SP fix a row's arithmetic, like attn's NW and U: one
-// value for every B). At the end of a split the warps' (m, l, o) are merged in shared memory in
-// warp order, exactly as attn merges its slot warps, and the split's partial (or, with one split,
-// the gated bf16 output) is written; the splits of a row are merged by attn_merge_splits (shared
-// with attn). Deterministic: fixed sum orders everywhere, no float atomics.
+// slots 16·ws … 16·ws + 15 of it (NW and SP fix a row's arithmetic: one value for every B). At
+// the end of a split the warps' (m, l, o) are merged in shared memory in warp order, and the
+// split's partial (or, with one split, the gated bf16 output) is written; the splits of a row are
+// merged by attention.cuh's attn_merge_splits. Deterministic: fixed sum orders everywhere, no
+// float atomics.
 //
 // Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps, a power of two ≥ 2),
 // ST (ring stages, ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW),
@@ -29,7 +29,7 @@
 // one chain of 16 mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP),
 // TNT (0: o in rows; > 0: o in wgmma_q4's activation tile order for 8·TNT-row tiles, which the
 // out projection reads with XT = 1; the same values, only where they go changes).
-// Launch: grid (gx, B·HKV, PT) as attn, block AttnTcLaunch::threads, dynamic smem
+// Launch: grid (gx, B·HKV, PT) (attention.cuh), block AttnTcLaunch::threads, dynamic smem
 // AttnTcLaunch::dyn_smem_bytes (the caller raises the function's limit above 48 KiB), static
 // smem a few hundred bytes. The program's schedule (ops.ATTN_TC_*): NW 4, ST 2, SP 256, QC 1,
 // 157 KiB of shared memory, one block per SM.
@@ -283,7 +283,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       }
     }
 
-    // Merge the warps, per head, as attn merges its slot warps: M = max_w m_w,
+    // Merge the warps, per head: M = max_w m_w,
     // L = Σ_w l_w 2^(m_w − M), o = Σ_w o_w 2^(m_w − M) [/ L], w = 0, 1, … in order.
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
