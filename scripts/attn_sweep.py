@@ -1,14 +1,14 @@
-"""Sweep attn_tc's schedule knobs (kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB, QC) over
-the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1).
+"""Sweep attn_tc's schedule knobs (kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB) over the
+27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1).
 
   python3 scripts/attn_sweep.py build OUT.cubin          # CPU machine: nvcc the variants
   python3 scripts/attn_sweep.py run OUT.cubin [OUT.json]  # GPU machine: check, time (PyCUDA)
   (ATTN_CASES="64:1024,16:1024" and ATTN_ONLY="tc_nw2,..." (substrings of variant names) narrow
   the run; `profile` instead of `run` launches each chosen variant twice, for ncu.)
 
-Arithmetic classes: NW (warps, 16 slots each per block step), SP (slots per split) and QC (QK
-chains per score tile) decide the order of a row's fp32 arithmetic; ST (cp.async ring stages), MB
-(min blocks per SM) and grid.x only reschedule it. Every variant of a class must give bitwise the
+Arithmetic classes: NW (warps, 16 slots each per block step) and SP (slots per split) decide the
+order of a row's fp32 arithmetic; ST (cp.async ring stages), MB (min blocks per SM) and grid.x
+only reschedule it. Every variant of a class must give bitwise the
 output of the class's first variant (checked); a variant of another class is compared with the
 first variant of the sweep (the program's schedule) within a relative L2 tolerance instead
 (reported as `relerr`).
@@ -34,17 +34,16 @@ D, H, HKV, PT = 256, 24, 4, 1
 G = H // HKV
 LD = 2 * H * D + 2 * HKV * D  # the fused q|gate|k|v projection row
 MAX_SPLITS = 32
-# (NW, ST, SP, MB, QC). The first is the program's schedule (ops.ATTN_TC_*, ATTN_SPLIT): the
-# bitwise reference of its class and the tolerance reference of every other class. Version 10's
-# sweep (bench/2026-12-03-h200-v10-attn-sweep-3.txt) chose it; the CUDA-core kernel attn it was
-# compared with there left kernels/ in the clean-up of issue 30.
+# (NW, ST, SP, MB). The first is the program's schedule (ops.ATTN_TC_*, ATTN_SPLIT): the bitwise
+# reference of its class and the tolerance reference of every other class. Version 10's sweep
+# (bench/2026-12-03-h200-v10-attn-sweep-3.txt) chose it; the CUDA-core kernel attn and attn_tc's
+# two QK chains (QC 2) it was compared with there left kernels/ in the clean-up of issue 30.
 VARIANTS = [
-    (4, 2, 256, 0, 1),
-    (4, 3, 256, 0, 1),
-    (4, 2, 128, 0, 1),
-    (2, 2, 256, 0, 1),
-    (2, 2, 256, 0, 2),
-    (2, 3, 256, 0, 1),
+    (4, 2, 256, 0),
+    (4, 3, 256, 0),
+    (4, 2, 128, 0),
+    (2, 2, 256, 0),
+    (2, 3, 256, 0),
 ]
 CASES = [(1, 1024), (1, 4096), (16, 1024), (64, 1024)]  # (B, T): every row sees n = T slots
 POOL = 256 << 20   # bytes of distinct K/V per case (at least 8 layers)
@@ -52,7 +51,7 @@ TOL = 1e-2         # relative L2 error per row against the default schedule (oth
 
 
 def name(v):
-    return "sw_attn_tc_nw{}_st{}_sp{}_mb{}_qc{}".format(*v)
+    return "sw_attn_tc_nw{}_st{}_sp{}_mb{}".format(*v)
 
 
 def targs(v):
@@ -72,8 +71,8 @@ def mb_of(v):
 
 
 def arith_class(v):
-    """Variants of one class must agree bitwise: (NW, SP, QC)."""
-    return (v[0], v[2], v[4])
+    """Variants of one class must agree bitwise: (NW, SP)."""
+    return (v[0], v[2])
 
 
 def threads(v):
@@ -192,7 +191,7 @@ def run(cubin: str, reps: int = 30):
         arr = drv.to_device(np.zeros((B, HKV), np.int32))                     # attn_arrivals
         o = drv.mem_alloc(B * H * D * 2)
         kvbytes = B * HKV * T * D * 2 * 2
-        ref = {}  # class (NW, SP, QC) -> first output of the class; None key: the default's
+        ref = {}  # class (NW, SP) -> first output of the class; None key: the default's
         for v in VARIANTS:
             nm = name(v)
             if info.get(nm, {}).get("spill") or (only and not any(x in nm for x in only)):
@@ -241,7 +240,7 @@ def run(cubin: str, reps: int = 30):
 
 
 def report(results):
-    print(f"{'B':>3s} {'T':>5s} {'NW ST SP MB QC':20s} {'gx':>3s} {'us':>8s} {'GB/s':>7s} "
+    print(f"{'B':>3s} {'T':>5s} {'NW ST SP MB':20s} {'gx':>3s} {'us':>8s} {'GB/s':>7s} "
           f"{'same':4s} {'relerr':>8s} regs blk/SM")
     for r in results:
         print(f"{r['B']:3d} {r['T']:5d} {' '.join(map(str, r['variant'])):20s} {r['gx']:3d} "
@@ -260,7 +259,7 @@ def report(results):
         print(f"  B={k[0]:2d} T={k[1]:4d}: {' '.join(map(str, r['variant']))} gx={r['gx']} "
               f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s  (default {base[k]['us']:.2f} us "
               f"{base[k]['gbs']:.0f} GB/s; x16 layers {16 * r['us'] / 1e3:.3f} ms)")
-    print("\nper arithmetic class (NW/SP/QC): the best time of each T = 1024 case")
+    print("\nper arithmetic class (NW/SP): the best time of each T = 1024 case")
     cls = {}
     for r in results:
         if r["ok"] and r["T"] == 1024:

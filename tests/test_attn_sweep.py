@@ -14,8 +14,7 @@ from qwen38gen.config import PRESETS  # noqa: E402
 
 
 def test_the_reference_is_the_programs_schedule():
-    assert attn_sweep.VARIANTS[0] == (ops.ATTN_TC_NW, ops.ATTN_TC_ST, ops.ATTN_SPLIT,
-                                      ops.ATTN_TC_MB, 1)
+    assert attn_sweep.VARIANTS[0] == (ops.ATTN_TC_NW, ops.ATTN_TC_ST, ops.ATTN_SPLIT, ops.ATTN_TC_MB)
     assert attn_sweep.dyn_smem(attn_sweep.VARIANTS[0]) == ops.attn_tc_smem(PRESETS["qwen3.8-27b"])
     assert attn_sweep.part_floats() == ops.attn_part_floats(PRESETS["qwen3.8-27b"])
 
