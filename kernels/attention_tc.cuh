@@ -1,11 +1,11 @@
-// attention_tc.cuh: attn_tc, the decode / prefill attention of attention.cuh on the tensor cores
-// (mma.sync m16n8k16, bf16 in, fp32 accumulate). Same inputs, outputs, scratch, split rule and
-// launch grid as attn (attention.cuh's header describes them); only the arithmetic of a split
-// differs:
+// attention_tc.cuh: attn_tc, the decode / prefill attention on the tensor cores (mma.sync
+// m16n8k16, bf16 in, fp32 accumulate). Its inputs, output, scratch, split rule and launch grid are
+// described in attention.cuh's header (which holds attn_prep and the pieces shared with it); the
+// arithmetic of a split:
 //
 //   Sᵀ = Q · Kᵀ   M = the G query heads of the kv head (rows G … 15 are zero), N = 8 slots,
 //                 K = the 256 head dims: 16 k-steps per 8 slots. Scores in fp32 (the mma's sums),
-//                 then × log2(e)/√D: the log2 domain, as attn.
+//                 then × log2(e)/√D: the log2 domain (exp2f below).
 //   online softmax per head over the warp's 16 slots of a step (running max m, per-lane sums l),
 //   P = bf16(2^(s − m))   rounded once, as HF rounds the softmax to bf16 before P·V
 //   Oᵀ += Vᵀ · Pᵀ  M = 16 head dims per m-tile (16 m-tiles), N = 8 heads, K = the 16 slots.
@@ -17,19 +17,20 @@
 // that the eight rows of every 8x8 matrix fall in eight different bank groups.
 //
 // Work split: NW warps per block; a block step is 16·NW consecutive slots and warp ws takes
-// slots 16·ws … 16·ws + 15 of it (NW and SP fix a row's arithmetic, like attn's NW and U: one
-// value for every B). At the end of a split the warps' (m, l, o) are merged in shared memory in
-// warp order, exactly as attn merges its slot warps, and the split's partial (or, with one split,
-// the gated bf16 output) is written; the splits of a row are merged by attn_merge_splits (shared
-// with attn). Deterministic: fixed sum orders everywhere, no float atomics.
+// slots 16·ws … 16·ws + 15 of it (NW and SP fix a row's arithmetic: one value for every B). At
+// the end of a split the warps' (m, l, o) are merged in shared memory in warp order, and the
+// split's partial (or, with one split, the gated bf16 output) is written; the splits of a row are
+// merged by attention.cuh's attn_merge_splits. Deterministic: fixed sum orders everywhere, no
+// float atomics.
 //
 // Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps, a power of two ≥ 2),
 // ST (ring stages, ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW),
-// MB (min blocks per SM for __launch_bounds__, 0: not given), QC (1: each 8-slot score tile is
-// one chain of 16 mmas; 2: two chains of 8, added; changes the arithmetic, like NW and SP),
-// TNT (0: o in rows; > 0: o in wgmma_q4's activation tile order for 8·TNT-row tiles, which the
-// out projection reads with XT = 1; the same values, only where they go changes).
-// Launch: grid (gx, B·HKV, PT) as attn, block AttnTcLaunch::threads, dynamic smem
+// MB (min blocks per SM for __launch_bounds__, 0: not given), QC (QK chains per 8-slot score
+// tile: 1, one chain of 16 mmas, the only value left; version 10's two chains of 8 lost and left
+// with issue 30, and QC goes once the planner no longer passes it), TNT (0: o in rows; > 0: o in
+// wgmma_q4's activation tile order for 8·TNT-row tiles, which the out projection reads with
+// XT = 1; the same values, only where they go changes).
+// Launch: grid (gx, B·HKV, PT) (attention.cuh), block AttnTcLaunch::threads, dynamic smem
 // AttnTcLaunch::dyn_smem_bytes (the caller raises the function's limit above 48 KiB), static
 // smem a few hundred bytes. The program's schedule (ops.ATTN_TC_*): NW 4, ST 2, SP 256, QC 1,
 // 157 KiB of shared memory, one block per SM.
@@ -41,8 +42,7 @@
 
 namespace q38 {
 
-template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
-          int QC = 1>
+template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0>
 struct AttnTcLaunch : AttnSplitRule<D, H / HKV, SP> {
   static constexpr int G = H / HKV;
   static constexpr int warps = NW;
@@ -50,7 +50,6 @@ struct AttnTcLaunch : AttnSplitRule<D, H / HKV, SP> {
   static constexpr int step = 16 * NW;           // slots per block step
   static constexpr int stages = ST;
   static constexpr int min_blocks = MB;
-  static constexpr int qk_chains = QC;
   static constexpr int slot_bytes = 2 * D * 2;   // K row then V row, bf16
   static constexpr int ring_bytes = ST * step * slot_bytes;
   static constexpr int o_stride = D + 4;         // fp32 per head row of the warp merge (banks)
@@ -98,8 +97,8 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   static_assert(D == 256, "attn_tc: 16 k-steps of QK and 16 m-tiles of PV per head");
   static_assert(H % HKV == 0 && H / HKV <= 8, "attn_tc: at most 8 query heads per kv head");
   static_assert(ST >= 2, "attn_tc: a ring of >= 2 stages");
-  static_assert(QC == 1 || QC == 2, "attn_tc: one or two QK chains per n-tile");
-  using L = AttnTcLaunch<D, H, HKV, PT, NW, ST, SP, MB, QC>;
+  static_assert(QC == 1, "attn_tc: one QK chain per n-tile");
+  using L = AttnTcLaunch<D, H, HKV, PT, NW, ST, SP, MB>;
   constexpr int G = L::G, PF = L::part_floats, NT = L::threads, STEP = L::step;
   constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot row: K 0 … 31, V 32 … 63
   static_assert(L::split % STEP == 0, "attn_tc: a split is whole block steps");
@@ -224,15 +223,12 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       stage = stage + 1 == ST ? 0 : stage + 1;
       if (s0 >= s_end) continue;  // warp-uniform: no slot of this warp in the split
 
-      // Sᵀ for slots 0-7 (sacc[0]) and 8-15 (sacc[1]) of the warp's 16; QC = 2: the even and
-      // odd k-step pairs in two chains, added at the end.
-      float sacc[2][QC][4];
+      // Sᵀ for slots 0-7 (sacc[0]) and 8-15 (sacc[1]) of the warp's 16.
+      float sacc[2][4];
 #pragma unroll
       for (int h8 = 0; h8 < 2; ++h8)
 #pragma unroll
-        for (int q = 0; q < QC; ++q)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[h8][q][e] = 0.f;
+        for (int e = 0; e < 4; ++e) sacc[h8][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < 16; kk += 2) {
 #pragma unroll
@@ -241,7 +237,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
           const int sl = 8 * h8 + (lane & 7), ch = 2 * kk + (lane >> 3);
           uint32_t kb[4];
           ldsm_x4(kb, tile + (sl * CPS + (ch ^ (sl & 7))) * 16);
-          float (&acc)[4] = sacc[h8][QC == 2 ? (kk >> 1) & 1 : 0];
+          float (&acc)[4] = sacc[h8];
           attn_mma(acc, qf[kk][0], 0u, qf[kk][1], 0u, kb[0], kb[1]);
           attn_mma(acc, qf[kk + 1][0], 0u, qf[kk + 1][1], 0u, kb[2], kb[3]);
         }
@@ -252,7 +248,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       for (int h8 = 0; h8 < 2; ++h8)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float d = QC == 2 ? sacc[h8][0][e] + sacc[h8][QC - 1][e] : sacc[h8][0][e];
+          const float d = sacc[h8][e];
           sc[2 * h8 + e] = s0 + 8 * h8 + 2 * c + e < s_end ? d * qscale : -INFINITY;
         }
       float mn = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
@@ -283,7 +279,7 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
       }
     }
 
-    // Merge the warps, per head, as attn merges its slot warps: M = max_w m_w,
+    // Merge the warps, per head: M = max_w m_w,
     // L = Σ_w l_w 2^(m_w − M), o = Σ_w o_w 2^(m_w − M) [/ L], w = 0, 1, … in order.
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);

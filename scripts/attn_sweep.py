@@ -1,18 +1,17 @@
-"""Sweep the attention schedules over the 27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1):
-attn's knobs (kernels/attention.cuh AttnLaunch: NW, U, HG, ST, SP, MB, RX) and attn_tc's
-(kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB, QC).
+"""Sweep attn_tc's schedule knobs (kernels/attention_tc.cuh AttnTcLaunch: NW, ST, SP, MB) over the
+27B decode geometry (D = 256, H = 24, HKV = 4, PT = 1).
 
   python3 scripts/attn_sweep.py build OUT.cubin          # CPU machine: nvcc the variants
   python3 scripts/attn_sweep.py run OUT.cubin [OUT.json]  # GPU machine: check, time (PyCUDA)
   (ATTN_CASES="64:1024,16:1024" and ATTN_ONLY="tc_nw2,..." (substrings of variant names) narrow
   the run; `profile` instead of `run` launches each chosen variant twice, for ncu.)
 
-Arithmetic classes: NW (slot warps), U (slots per warp step) and SP (slots per split) decide the
-order of a row's fp32 arithmetic; HG (head groups), ST (cp.async ring stages), MB (min blocks per
-SM), RX (the scores' warp sums as one transposed butterfly) and grid.x only reschedule it. Every
-variant of a class must give bitwise the output of the class's first variant (checked); a
-variant of another class is compared with the first variant of the sweep (the default schedule)
-within a relative L2 tolerance instead (reported as `tol`).
+Arithmetic classes: NW (warps, 16 slots each per block step) and SP (slots per split) decide the
+order of a row's fp32 arithmetic; ST (cp.async ring stages), MB (min blocks per SM) and grid.x
+only reschedule it. Every variant of a class must give bitwise the
+output of the class's first variant (checked); a variant of another class is compared with the
+first variant of the sweep (the program's schedule) within a relative L2 tolerance instead
+(reported as `relerr`).
 Every row of a batch sees n = T slots. The K/V caches rotate over distinct per-layer buffers
 (≥ 8 of them, ≥ 256 MiB in all), so no launch finds its cache in L2 (50 MB). The split scratch
 (part) and the arrival counters are sized as qwen38gen/plan sizes attn_part / attn_arrivals; the counters
@@ -35,70 +34,55 @@ D, H, HKV, PT = 256, 24, 4, 1
 G = H // HKV
 LD = 2 * H * D + 2 * HKV * D  # the fused q|gate|k|v projection row
 MAX_SPLITS = 32
-CC_BLOCKS = 264    # grid.x target of the CUDA-core attn variants: about two blocks per SM
-# attn (CUDA cores): (NW, U, HG, ST, SP, MB, RX); attn_tc (tensor cores, attention_tc.cuh):
-# ("tc", NW, ST, SP, MB, QC). The first is the CUDA-core default schedule (the bitwise reference of
-# its class and the tolerance reference of every other class). Session 2's sweep
-# (bench/2026-12-02-h200-attn-sweep.txt) chose NW 4, U 4, ST 4 with HG 1 (3 at few pairs), session
-# 8's RX = 1; session 10 adds attn_tc.
+# (NW, ST, SP, MB). The first is the program's schedule (plan.attention, Tuning's attn_*): the bitwise
+# reference of its class and the tolerance reference of every other class. Version 10's sweep
+# (bench/2026-12-03-h200-v10-attn-sweep-3.txt) chose it; the CUDA-core kernel attn and attn_tc's
+# two QK chains (QC 2) it was compared with there left kernels/ in the clean-up of issue 30.
 VARIANTS = [
-    (4, 4, 1, 4, 64, 0, 1),   # attn as the program ran it in version 9, HG 1
-    (4, 4, 3, 4, 64, 0, 1),   # ... at few (row, kv head) pairs
-    ("tc", 4, 2, 256, 0, 1),  # the program's (plan.attention, Tuning's attn_*)
-    ("tc", 4, 3, 256, 0, 1),
-    ("tc", 4, 2, 128, 0, 1),
-    ("tc", 2, 2, 256, 0, 1),
-    ("tc", 2, 2, 256, 0, 2),
-    ("tc", 2, 3, 256, 0, 1),
+    (4, 2, 256, 0),
+    (4, 3, 256, 0),
+    (4, 2, 128, 0),
+    (2, 2, 256, 0),
+    (2, 3, 256, 0),
 ]
 CASES = [(1, 1024), (1, 4096), (16, 1024), (64, 1024)]  # (B, T): every row sees n = T slots
 POOL = 256 << 20   # bytes of distinct K/V per case (at least 8 layers)
 TOL = 1e-2         # relative L2 error per row against the default schedule (other classes)
 
 
-def is_tc(v):
-    return v[0] == "tc"
-
-
 def name(v):
-    if is_tc(v):
-        return "sw_attn_tc_nw{}_st{}_sp{}_mb{}_qc{}".format(*v[1:])
-    return "sw_attn_nw{}_u{}_hg{}_st{}_sp{}_mb{}_rx{}".format(*v)
+    return "sw_attn_tc_nw{}_st{}_sp{}_mb{}".format(*v)
 
 
 def targs(v):
-    return f"{D}, {H}, {HKV}, {PT}, " + ", ".join(str(x) for x in (v[1:] if is_tc(v) else v))
+    return f"{D}, {H}, {HKV}, {PT}, " + ", ".join(str(x) for x in v)
 
 
 def launch_struct(v):
-    return f"q38::AttnTcLaunch<{targs(v)}>" if is_tc(v) else f"q38::AttnLaunch<{targs(v)}>"
+    return f"q38::AttnTcLaunch<{targs(v)}>"
 
 
 def sp_of(v):
-    return v[3] if is_tc(v) else v[4]
+    return v[2]
 
 
 def mb_of(v):
-    return v[4] if is_tc(v) else v[5]
+    return v[3]
 
 
 def arith_class(v):
-    """Variants of one class must agree bitwise: attn's (NW, U, SP), attn_tc's ("tc", NW, SP,
-    QC)."""
-    return ("tc", v[1], v[3], v[5]) if is_tc(v) else (v[0], v[1], v[4])
+    """Variants of one class must agree bitwise: (NW, SP)."""
+    return (v[0], v[2])
 
 
 def threads(v):
-    return 32 * v[1] if is_tc(v) else 32 * v[0] * v[2]
+    return 32 * v[0]
 
 
 def dyn_smem(v):
-    if is_tc(v):
-        from qwen38gen.config import PRESETS
-        from qwen38gen.plan.attention import attn_tc_smem
-        return attn_tc_smem(PRESETS["qwen3.8-27b"], nw=v[1], st=v[2])
-    nw, u, _, st = v[:4]
-    return st * nw * u * 2 * D * 2 if st >= 2 else 0
+    from qwen38gen.config import PRESETS
+    from qwen38gen.plan.attention import attn_tc_smem
+    return attn_tc_smem(PRESETS["qwen3.8-27b"], nw=v[0], st=v[1])
 
 
 def span(n, sp):
@@ -117,12 +101,12 @@ def part_floats():
     return G * D + -(-2 * G // 4) * 4
 
 
-def grid_x(blocks, v):
-    """The program's grid.x for this many (row, kv head) pairs and this variant's kernel."""
-    from qwen38gen.plan.attention import attn_blocks, attn_grid_x
+def grid_x(blocks):
+    """The program's grid.x for this many (row, kv head) pairs."""
     from qwen38gen.plan.arch import arch_facts
+    from qwen38gen.plan.attention import attn_blocks, attn_grid_x
     from qwen38gen.tuning import Tuning
-    return attn_grid_x(blocks, attn_blocks(Tuning(), arch_facts("sm_90a")) if is_tc(v) else CC_BLOCKS)
+    return attn_grid_x(blocks, attn_blocks(Tuning(), arch_facts("sm_90a")))
 
 
 def source() -> str:
@@ -130,7 +114,6 @@ def source() -> str:
     for v in VARIANTS:
         A = launch_struct(v)
         lb = f"{A}::threads, {A}::min_blocks" if mb_of(v) else f"{A}::threads"
-        fn = "attn_tc" if is_tc(v) else "attn"
         out.append(
             f'extern "C" __global__ void __launch_bounds__({lb}) {name(v)}('
             "const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax, "
@@ -138,7 +121,7 @@ def source() -> str:
             f"static_assert({A}::threads == {threads(v)}, \"threads\"); "
             f"static_assert({A}::dyn_smem_bytes == {dyn_smem(v)}, \"smem\"); "
             f"static_assert({A}::part_floats == {part_floats()}, \"part\"); "
-            f"q38::{fn}<{targs(v)}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o); }}")
+            f"q38::attn_tc<{targs(v)}>(qbuf, qkv, ld, kc, vc, tmax, pos, ntok, part, arrivals, o); }}")
     return "\n".join(out) + "\n"
 
 
@@ -210,7 +193,7 @@ def run(cubin: str, reps: int = 30):
         arr = drv.to_device(np.zeros((B, HKV), np.int32))                     # attn_arrivals
         o = drv.mem_alloc(B * H * D * 2)
         kvbytes = B * HKV * T * D * 2 * 2
-        ref = {}  # class (NW, U, SP) -> first output of the class; None key: the default's
+        ref = {}  # class (NW, SP) -> first output of the class; None key: the default's
         for v in VARIANTS:
             nm = name(v)
             if info.get(nm, {}).get("spill") or (only and not any(x in nm for x in only)):
@@ -218,7 +201,7 @@ def run(cubin: str, reps: int = 30):
             fn = mod.get_function(nm)
             sm = dyn_smem(v)
             allow_dynamic_smem(fn, sm)
-            gx0 = grid_x(B * HKV * PT, v)
+            gx0 = grid_x(B * HKV * PT)
             for gx in sorted({max(1, gx0 // 2), gx0, min(MAX_SPLITS, 2 * gx0)}):
                 grid, block = (gx, B * HKV, PT), (threads(v), 1, 1)
 
@@ -259,7 +242,7 @@ def run(cubin: str, reps: int = 30):
 
 
 def report(results):
-    print(f"{'B':>3s} {'T':>5s} {'NW U HG ST SP MB RX':20s} {'gx':>3s} {'us':>8s} {'GB/s':>7s} "
+    print(f"{'B':>3s} {'T':>5s} {'NW ST SP MB':20s} {'gx':>3s} {'us':>8s} {'GB/s':>7s} "
           f"{'same':4s} {'relerr':>8s} regs blk/SM")
     for r in results:
         print(f"{r['B']:3d} {r['T']:5d} {' '.join(map(str, r['variant'])):20s} {r['gx']:3d} "
@@ -278,8 +261,7 @@ def report(results):
         print(f"  B={k[0]:2d} T={k[1]:4d}: {' '.join(map(str, r['variant']))} gx={r['gx']} "
               f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s  (default {base[k]['us']:.2f} us "
               f"{base[k]['gbs']:.0f} GB/s; x16 layers {16 * r['us'] / 1e3:.3f} ms)")
-    print("\nper arithmetic class (attn: NW/U/SP, attn_tc: tc/NW/SP/QC): the best time of each "
-          "T = 1024 case")
+    print("\nper arithmetic class (NW/SP): the best time of each T = 1024 case")
     cls = {}
     for r in results:
         if r["ok"] and r["T"] == 1024:

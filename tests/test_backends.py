@@ -13,7 +13,7 @@ from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
-from qwen38gen.ops import resolve_shape
+from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import DT, Runtime
 
 

@@ -1,5 +1,5 @@
-"""attn_prep + attn (kernels/attention.cuh) and attn_tc (kernels/attention_tc.cuh) on the GPU
-against numpy references from MODEL.md. Every attention test runs both kernels (fixture `kind`).
+"""attn_prep (kernels/attention.cuh) and attn_tc (kernels/attention_tc.cuh) on the GPU against
+numpy references from MODEL.md, attn_tc with the program's schedule (plan.attention, Tuning's attn_*).
 
 Every case draws fresh inputs: qkv rows with a per-row scale, random (1 + w) norm weights, and a
 KV cache whose valid slots (< pos[b]) hold random K/V while every other slot holds garbage (NaN,
@@ -9,10 +9,10 @@ KV cache whose valid slots (< pos[b]) hold random K/V while every other slot hol
 * the cache slots written (K to tolerance, V bitwise = the raw v columns) and every other slot
   bitwise untouched (also when a position lies past Tmax: nothing is written);
 * the attention output of valid rows against a reference fed the kernel's own q buffer and cache
-  (isolates attn), and end to end against the independent fp64 chain from qkv;
+  (isolates attn_tc), and end to end against the independent fp64 chain from qkv;
 * exact zeros in the output rows of padding tokens.
 
-Split-K (attn cuts a row of n slots into ns(n) splits, PA.attn_span / attn_splits): the split
+Split-K (attn_tc cuts a row of n slots into ns(n) splits, PA.attn_span / attn_splits): the split
 scratch starts NaN and the arrival counters at 0; after every launch the counters must be all 0
 again, and a second launch on the same buffers must give bitwise the same output. Covered: n = 1,
 SPLIT − 1, SPLIT, SPLIT + 1, several splits, the most splits (32·SPLIT) and the first grown span
@@ -45,9 +45,9 @@ GEOMS = {"tiny": (6, 2), "27b": (24, 4)}
 # the rotated one), each ≤ 2^-8 relative; the reference forms the RoPE angle in fp32 as HF does
 # (MODEL.md §7) and the kernel's cos/sin on the reduced angle are within 2^-21.4.
 TOL_QK = 1e-2
-# attn against a reference fed the kernel's own bf16 q and cache: fp32 scores, softmax and sums,
-# then one bf16 rounding of the output; attn_tc also rounds each softmax weight to bf16 before
-# P·V (≤ 2^-9 relative each, independent errors that average out over the slots).
+# attn_tc against a reference fed the kernel's own bf16 q and cache: fp32 scores, softmax and
+# sums, then one bf16 rounding of the output; each softmax weight is rounded to bf16 before P·V
+# (≤ 2^-9 relative each, independent errors that average out over the slots).
 TOL_ATTN = 1e-2
 # End to end against the fp64 chain from qkv: the bf16 storage of q and K shifts every score by
 # ~2^-9·|s| on top (scores of std ~3 here).
@@ -57,34 +57,22 @@ _MODS: dict = {}
 SPLIT = PA.ATTN_SPLIT
 TC_ST, TC_MB = Tuning().attn_st, Tuning().attn_mb     # the program's attn_tc schedule
 TC_BLOCKS = PA.attn_blocks(Tuning(), arch_facts("sm_90a"))
-# attention.cuh's attn (the CUDA-core kernel no program emits), at its sweep's schedule
-CC_NW, CC_U, CC_ST, CC_MB, CC_RX, CC_HG_FEW, CC_FEW_PAIRS, CC_BLOCKS = 4, 4, 4, 0, 1, 3, 16, 264
 
 
-def _cc_head_groups(H, HKV, pairs):
-    return CC_HG_FEW if pairs <= CC_FEW_PAIRS and (H // HKV) % CC_HG_FEW == 0 else 1
-
-
-def _kernels(kind: str, H: int, HKV: int, PT: int, hg: int = 1, tnt: int = 0):
-    """(prep, attn, launch, smem) for one geometry and chunk size. kind "tc": attn_tc with the
-    program's schedule (the table's Tuning), its output in rows or (tnt > 0) in wgmma_q4's tile order;
-    "cc": attn, the CUDA-core kernel, with the CC_* schedule and hg head groups. launch comes from the
-    C++ structs: prep threads, prep grid_y, attn threads, split, max_splits, part_floats."""
-    key = (kind, H, HKV, PT, hg, tnt)
+def _kernels(H: int, HKV: int, PT: int, tnt: int = 0):
+    """(prep, attn_tc, launch, smem) for one geometry and chunk size: attn_tc with the program's
+    schedule (plan.attention, Tuning's attn_*), its output in rows or (tnt > 0) in wgmma_q4's
+    tile order. launch comes from the C++ structs: prep threads, prep grid_y, attn_tc threads, split, max_splits,
+    part_floats."""
+    key = (H, HKV, PT, tnt)
     if key not in _MODS:
         import pycuda.driver as drv
 
-        tag = f"{kind}_h{H}_kv{HKV}_pt{PT}_hg{hg}_t{tnt}"
+        tag = f"h{H}_kv{HKV}_pt{PT}_t{tnt}"
         P = f"q38::AttnPrepLaunch<{D}, {RD}, {H}, {HKV}, {PT}>"
-        if kind == "tc":
-            knobs = f"{PA.ATTN_TC_NW}, {TC_ST}, {PA.ATTN_SPLIT}, {TC_MB}"
-            A, fn = f"q38::AttnTcLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn_tc"
-            smem = PA.attn_tc_smem(_Geom(H, HKV), PA.ATTN_TC_NW, TC_ST)
-        else:
-            knobs = (f"{CC_NW}, {CC_U}, {hg}, {CC_ST}, {PA.ATTN_SPLIT}, "
-                     f"{CC_MB}, {CC_RX}")
-            A, fn = f"q38::AttnLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>", "attn"
-            smem = CC_ST * CC_NW * CC_U * 2 * D * 2
+        knobs = f"{PA.ATTN_TC_NW}, {TC_ST}, {PA.ATTN_SPLIT}, {TC_MB}"
+        A = f"q38::AttnTcLaunch<{D}, {H}, {HKV}, {PT}, {knobs}>"
+        smem = PA.attn_tc_smem(_Geom(H, HKV), PA.ATTN_TC_NW, TC_ST)
         src = f"""
 #include "attention_tc.cuh"
 using q38::bf16;
@@ -99,10 +87,10 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
            const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
-  q38::{fn}<{D}, {H}, {HKV}, {PT}, {knobs}{f", 1, {tnt}" if tnt else ""}>(qbuf, qkv, ld, kc, vc, tmax,
-                                            pos, ntok, part, arrivals, o);
+  q38::attn_tc<{D}, {H}, {HKV}, {PT}, {knobs}{f", 1, {tnt}" if tnt else ""}>(qbuf, qkv, ld, kc, vc,
+                                            tmax, pos, ntok, part, arrivals, o);
 }}
-static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
+static_assert({A}::dyn_smem_bytes == {smem}, "the plan's shared memory size");
 """
         mod = build(src)
         ptr, _ = mod.get_global(f"launch_{tag}")
@@ -118,12 +106,6 @@ static_assert({A}::dyn_smem_bytes == {smem}, "ops' shared memory size");
     return _MODS[key]
 
 
-@pytest.fixture(params=["tc", "cc"])
-def kind(request):
-    """The attention kernel under test: attn_tc (tensor cores, what the program runs  or attn (CUDA cores)."""
-    return request.param
-
-
 class _Geom:
     """The ModelConfig fields PA.attn_part_floats reads."""
 
@@ -131,16 +113,14 @@ class _Geom:
         self.num_attention_heads, self.num_key_value_heads, self.head_dim = H, HKV, D
 
 
-def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None, tnt=0):
-    """attn_prep then attn on the device, as a step runs them, then attn once more on the same
-    buffers (the counters must have been left at 0). gx: attn's grid.x, default the plan's rule.
-    tnt > 0 (attn_tc): the output in tile order for 8·tnt-row tiles, read back into rows.
-    Returns qbuf, kc, vc, out (of the first attn launch)."""
-    hg = 1 if kind == "tc" else _cc_head_groups(H, HKV, B * HKV * PT)
-    prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(kind, H, HKV, PT, hg, tnt)
+def _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=None, tnt=0):
+    """attn_prep then attn_tc on the device, as a step runs them, then attn_tc once more on the
+    same buffers (the counters must have been left at 0). gx: attn_tc's grid.x, default the plan's
+    rule. tnt > 0: the output in tile order for 8·tnt-row tiles, read back into rows.
+    Returns qbuf, kc, vc, out (of the first attn_tc launch)."""
+    prep, attn, (p_threads, p_grid_y, a_threads, *_), smem = _kernels(H, HKV, PT, tnt)
     R, ld = qkv.shape
-    target = TC_BLOCKS if kind == "tc" else CC_BLOCKS
-    gx = PA.attn_grid_x(B * HKV * PT, target) if gx is None else gx
+    gx = PA.attn_grid_x(B * HKV * PT, TC_BLOCKS) if gx is None else gx
     qkv_d, qn_d, kn_d = to_gpu(qkv), to_gpu(qn), to_gpu(kn)
     pos_d, ntok_d = to_gpu(np.asarray(pos, np.int32)), to_gpu(np.asarray(ntok, np.int32))
     kc_d, vc_d = to_gpu(kc0), to_gpu(vc0)
@@ -163,7 +143,7 @@ def _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx=Non
         arr = arr_d.get()
         assert not arr.any(), f"arrival counters not reset: {np.count_nonzero(arr)} nonzero"
     assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)), \
-        "a second attn launch on the same buffers differs"
+        "a second attn_tc launch on the same buffers differs"
     return qbuf_d.get(), kc_d.get(), vc_d.get(), outs[0]
 
 
@@ -198,14 +178,14 @@ def _inputs(rng, H, HKV, B, PT, pos, tmax, kscale=3.0):
     return qkv, qn, kn, kc0, vc0
 
 
-def _run_case(kind, geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None):
+def _run_case(geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx=None):
     H, HKV = GEOMS[geom]
     R = B * PT
     pos, ntok = np.asarray(pos, np.int64), np.asarray(ntok, np.int64)
     rng = np.random.default_rng(seed)
     qkv, qn, kn, kc0, vc0 = _inputs(rng, H, HKV, B, PT, pos, tmax, kscale)
 
-    qbuf, kc, vc, out = _gpu_run(kind, H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx)
+    qbuf, kc, vc, out = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0, vc0, tmax, gx)
 
     rb = np.repeat(np.arange(B), PT)            # row -> sequence
     rt = np.tile(np.arange(PT), B)              # row -> chunk token
@@ -245,15 +225,15 @@ def _run_case(kind, geom, B, PT, pos, ntok, tmax, seed, kscale=3.0, e2e=True, gx
     pad_zero = bool(np.all(out[~valid].astype(np.float32) == 0.0))
 
     nmax = int(min(prow[valid].max() + 1, tmax))
-    print(f"attn[{kind}] {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
+    print(f"attn_tc {geom} B={B} PT={PT} pos={pos.tolist()[:4]} ntok={ntok.tolist()[:4]} "
           f"splits<={PA.attn_splits(nmax)} gx={gx}: "
           f"q {e_q:.2e} k {e_k:.2e} attn {e_a:.2e}" + (f" e2e {e_e:.2e}" if e2e else ""))
     assert e_q < TOL_QK, f"q buffer: worst row rel err {e_q:.2e}"
     assert e_k < TOL_QK, f"written K: worst slot rel err {e_k:.2e}"
     assert v_ok, "written V slots are not the raw v columns"
     assert untouched, "cache slots other than (b, pos[b]+t < Tmax, t < ntok[b]) changed"
-    assert e_a < TOL_ATTN, f"attn vs its own inputs: worst row rel err {e_a:.2e}"
-    assert e_e < TOL_E2E, f"attn end to end: worst row rel err {e_e:.2e}"
+    assert e_a < TOL_ATTN, f"attn_tc vs its own inputs: worst row rel err {e_a:.2e}"
+    assert e_e < TOL_E2E, f"attn_tc end to end: worst row rel err {e_e:.2e}"
     assert pad_zero, "output rows of padding tokens are not zero"
 
 
@@ -263,7 +243,7 @@ CHUNKS = [(1, 1), (2, 1), (3, 1), (17, 1), (1, 4), (3, 4), (1, 16), (3, 16)]
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("B,PT", CHUNKS)
-def test_attention(cuda_ctx, kind, geom, B, PT):
+def test_attention(cuda_ctx, geom, B, PT):
     seed = [B, PT, list(GEOMS).index(geom)]
     rng = np.random.default_rng(seed + [1])
     pos = rng.integers(1, 1500, size=B)
@@ -279,32 +259,32 @@ def test_attention(cuda_ctx, kind, geom, B, PT):
         if B > 2:
             ntok[1:3] = [1, PT]      # a single real row; a full chunk
     tmax = int(pos.max()) + PT + 37
-    _run_case(kind, geom, B, PT, pos, ntok, tmax, seed)
+    _run_case(geom, B, PT, pos, ntok, tmax, seed)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
-def test_attention_peaky_scores(cuda_ctx, kind, geom, PT):
+def test_attention_peaky_scores(cuda_ctx, geom, PT):
     """Scores with std ~36: the online softmax must rescale without overflow or lost mass."""
     B = 3
-    _run_case(kind, geom, B, PT, [700, 33, 2049], [1] * B if PT == 1 else [4, 2, 3], 2049 + PT + 5,
+    _run_case(geom, B, PT, [700, 33, 2049], [1] * B if PT == 1 else [4, 2, 3], 2049 + PT + 5,
               [B, PT, 9], kscale=36.0, e2e=False)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
-def test_attention_long_context(cuda_ctx, kind, geom, PT):
+def test_attention_long_context(cuda_ctx, geom, PT):
     """Position 100000: 100001+ slots per kv head, the most splits (32) of a grown span."""
     pos = [100000, 77] if geom == "tiny" else [100000]
     ntok = [1] * len(pos) if PT == 1 else [PT, 3][:len(pos)]
-    _run_case(kind, geom, len(pos), PT, pos, ntok, 100006, [len(pos), PT, 5])
+    _run_case(geom, len(pos), PT, pos, ntok, 100006, [len(pos), PT, 5])
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
-def test_attention_positions_past_tmax(cuda_ctx, kind, geom):
+def test_attention_positions_past_tmax(cuda_ctx, geom):
     """RoPE at positions past sincosf's fast range (105615) up to 262143; Tmax = 64, so no
-    slot may be written and attn reads the clamped window of 64 slots."""
-    _run_case(kind, geom, 3, 4, [105613, 200003, 262140], [4, 2, 3], 64, [3, 4, 11])
+    slot may be written and attn_tc reads the clamped window of 64 slots."""
+    _run_case(geom, 3, 4, [105613, 200003, 262140], [4, 2, 3], 64, [3, 4, 11])
 
 
 # Context lengths n around the split boundaries: 1, SPLIT − 1, SPLIT, SPLIT + 1, several splits,
@@ -328,28 +308,28 @@ def test_split_rule():
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("n", EDGES)
-def test_attention_split_edges(cuda_ctx, kind, geom, PT, n):
+def test_attention_split_edges(cuda_ctx, geom, PT, n):
     """B = 1; the chunk's first row sees n slots (a PT = 4 chunk: n … n + 3, so the chunk
     straddles the boundary at n = SPLIT − 1 and SPLIT)."""
-    _run_case(kind, geom, 1, PT, [n - 1], [PT], n - 1 + PT + 5, [n, PT, 13])
+    _run_case(geom, 1, PT, [n - 1], [PT], n - 1 + PT + 5, [n, PT, 13])
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("B", [3, 17])
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("gx", [None, 1, 3])
-def test_attention_split_batches(cuda_ctx, kind, geom, B, PT, gx):
+def test_attention_split_batches(cuda_ctx, geom, B, PT, gx):
     """Every EDGES length in one batch (cyclically), PT = 4 with padding rows; grid.x from the
     plan, 1 (each block loops over all its row's splits) and 3."""
     pos = np.array([EDGES[b % len(EDGES)] - 1 for b in range(B)])
     ntok = np.ones(B, np.int64) if PT == 1 else np.array([(4, 1, 3, 2)[b % 4] for b in range(B)])
-    _run_case(kind, geom, B, PT, pos, ntok, int(pos.max()) + PT + 11, [B, PT, 17, gx or 0], gx=gx)
+    _run_case(geom, B, PT, pos, ntok, int(pos.max()) + PT + 11, [B, PT, 17, gx or 0], gx=gx)
 
 
 @pytest.mark.parametrize("geom", list(GEOMS))
 @pytest.mark.parametrize("PT", [1, 4])
 @pytest.mark.parametrize("p", [0, SPLIT - 1, SPLIT, 1000, 32 * SPLIT, 4097])
-def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
+def test_attention_batch_invariance(cuda_ctx, geom, PT, p):
     """One sequence (position p, a full chunk) at B = 1 and as sequence 2 of B = 5 (other
     sequences around it, a larger Tmax, the plan's grid.x for each B, and grid.x = 1): the q
     buffer and the output rows must be bitwise the same."""
@@ -363,10 +343,10 @@ def test_attention_batch_invariance(cuda_ctx, kind, geom, PT, p):
     qkv5[2 * PT:3 * PT] = qkv1
     kc5[2, :, :p], vc5[2, :, :p] = kc1[0, :, :p], vc1[0, :, :p]
 
-    q1, kc, vc, o1 = _gpu_run(kind, H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1)
-    runs = [_gpu_run(kind, H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1, gx=1)[::3],
-            _gpu_run(kind, H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5)[::3],
-            _gpu_run(kind, H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5, gx=1)[::3]]
+    q1, kc, vc, o1 = _gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1)
+    runs = [_gpu_run(H, HKV, PT, 1, qkv1, qn, kn, [p], [PT], kc1, vc1, tmax1, gx=1)[::3],
+            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5)[::3],
+            _gpu_run(H, HKV, PT, 5, qkv5, qn, kn, pos5, ntok5, kc5, vc5, tmax5, gx=1)[::3]]
     bits = lambda a: np.asarray(a).view(np.uint16)
     assert np.all(np.isfinite(o1.astype(np.float32)))
     for i, (q, o) in enumerate(runs):
@@ -395,8 +375,8 @@ def test_attention_output_in_tile_order(cuda_ctx, geom, B, PT, tnt):
     tmax = int(pos.max()) + PT + 11
     rng = np.random.default_rng([B, PT, tnt, 29])
     qkv, qn, kn, kc0, vc0 = _inputs(rng, H, HKV, B, PT, pos, tmax)
-    rows = _gpu_run("tc", H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax)[3]
-    tiles = _gpu_run("tc", H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax,
+    rows = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax)[3]
+    tiles = _gpu_run(H, HKV, PT, B, qkv, qn, kn, pos, ntok, kc0.copy(), vc0.copy(), tmax,
                      tnt=tnt)[3]
     assert np.all(np.isfinite(tiles.astype(np.float32))), "a value of o was not written"
     assert np.array_equal(tiles.view(np.uint16), rows.view(np.uint16)), \
