@@ -1,5 +1,6 @@
 """One prefill chunk and one decode step of the embedded default, launched kernel by kernel
-(no graph), for compute-sanitizer: `compute-sanitizer --tool memcheck python3 scripts/one_step.py B`.
+(no graph), for compute-sanitizer:
+`compute-sanitizer --tool memcheck python3 scripts/one_step.py B`.
 
 `python3 scripts/one_step.py B refill` then also refills one slot the way continuous batching does
 (qwen38gen/engine.py): slot 1 is reset (Runtime.reset_slot) and takes a prefill chunk of its own

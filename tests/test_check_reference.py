@@ -154,3 +154,39 @@ def test_cli_reference_bad_input(args, msg):
     r = _cli("check", *args)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(msg) and r.stderr.count("\n") == 1 and not r.stdout
+
+
+def test_check_reference_wiring_with_a_perfect_fake_program(monkeypatch):
+    """check_reference end to end on the tiny model with run_batches replaced by the reference on
+    the same int4 weights (what a correct program computes, up to bf16): the program gets the
+    quantized tensors, prompts cycle over a batch of 6, and every slot passes."""
+    import ml_dtypes
+
+    from qwen38gen import check as C
+    from qwen38gen.lanes import Lanes
+    from qwen38gen.quantize import QuantizedTensor, dequantized_weights
+
+    cfg, steps = PRESETS["tiny"], 3
+    seen = {}
+
+    def fake_run_batches(cfg_, lanes, tensors, prompts, steps_, tmax, keep_state=False, **kw):
+        seen.update(n=len(prompts), tmax=tmax, steps=steps_,
+                    quantized=isinstance(tensors["model.language_model.layers.0.mlp.down_proj.weight"],
+                                         QuantizedTensor))
+        ref = Reference(cfg_, dequantized_weights(tensors))
+        got, sts = [], []
+        for p in prompts:
+            (toks,) = ref.generate([p], steps_)
+            lg, st = G.reference_logits(ref, p, toks)
+            top = [[[int(i), float(np.float32(row[i]).astype(ml_dtypes.bfloat16))]
+                    for i in np.argsort(-row, kind="stable")[:8]] for row in lg]
+            got.append({"tokens": toks, "topk": top})
+            sts.append(st)
+        return got, [conv_to_ring_state(cfg_, sts, tmax)]
+
+    monkeypatch.setattr(C, "run_batches", fake_run_batches)
+    res = C.check_reference(cfg, Lanes.make(6, pt=16), steps=steps)
+    assert seen == {"n": 6, "tmax": 33 + steps, "steps": steps, "quantized": True}
+    assert res.ok, res.rows
+    assert [r[1] for r in res.rows] == ["0", "1", "2", "3", "0", "1"]
+    assert [r[2] for r in res.rows] == ["1", "7", "16", "33", "1", "7"]

@@ -174,3 +174,89 @@ def test_tree_match_missing_file_and_symlink(tmp_path):
            "160000 0000000000000000000000000000000000000000 0\tsub\n")
     assert tree_match.blob_id(tmp_path / "a") == "c1b0730e0133447badcfd47fd144e254807b06e1"  # git's
     assert tree_match.compare(idx, tmp_path) == (3, [], ["gone"])
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repo with version 20's bench files, a version 21 device log and a keeper."""
+    r = tmp_path / "repo"
+    (r / "bench" / "ab").mkdir(parents=True)
+    (r / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "device_commit.sh", r / "scripts")
+    for name in ("2026-12-04-h200-v20.json", "2026-12-04-h200-v20.png",
+                 "2026-12-04-h200-v20-bench.txt", "2026-12-04-h200-v21-pp2-mb4-store-ab.txt",
+                 "ab/v22-sk8.txt"):
+        (r / "bench" / name).write_text(name)
+    _git(r, "init", "-q")
+    _git(r, "add", ".")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    return r
+
+
+def _commit(repo, *dirs, **env):
+    e = dict(os.environ, DAY="2026-12-06", **env)
+    return subprocess.run(["bash", "scripts/device_commit.sh", *map(str, dirs)], cwd=repo,
+                          env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_device_commit_files_two_calls_as_one_log(tree, repo, tmp_path):
+    """Two device calls (tests, then rest: each its own files_at folder) -> one log that starts
+    with the commit, holds both parts and ends with every row; bench files replace version 20's
+    and the version 21 log, staged."""
+    out1, out2 = tmp_path / "call1", tmp_path / "call2"
+    p, _ = verify(tree, "tests", CHECK_B="1", MTP_CHECK_B="")
+    shutil.move(tree.parent / "out", out1)
+    p, _ = verify(tree, "rest", SAN_TOOLS="memcheck")
+    shutil.move(tree.parent / "out", out2)
+    c = _commit(repo, out1, out2)
+    assert c.returncode == 0, c.stderr
+    log = (repo / "bench" / "2026-12-06-h200-v23-verify.log").read_text().splitlines()
+    assert log[0] == f"commit {HASH}"
+    assert log.count(f"commit {HASH}") == 1
+    i = log.index("==== summary (every part) ====")
+    steps = [line[10:60].strip() for line in log[i + 2:] if not line.startswith("verify ")]
+    assert steps == ["pytest tests/gpu (JOBS=16)", "check --batch 1",
+                     "programs compiled here (not from .cache)", f"tree = commit {HASH[:12]}",
+                     "run --backend gpu --batch 3 = --batch 1",
+                     "check --reference qwen3.5-0.8b --batch 3",
+                     "bench 27B --batch 1,16,64 --peers",
+                     "memcheck B=3: prefill, decode, refill, decode",
+                     "programs compiled here (not from .cache)", f"tree = commit {HASH[:12]}"]
+    verdicts = [x.split(",")[:2] for x in log[i:] if x.startswith("verify ")]
+    assert verdicts == [["verify tests: 4 rows", " 0 failed"], ["verify rest: 6 rows", " 0 failed"]]
+    status = sorted(_git(repo, "status", "--porcelain").splitlines())
+    assert status == sorted([
+        "A  bench/2026-12-06-h200-v23-verify.log", "A  bench/2026-12-06-h200-v23.json",
+        "A  bench/2026-12-06-h200-v23.png", "A  bench/2026-12-06-h200-v23-bench.txt",
+        "D  bench/2026-12-04-h200-v20.json", "D  bench/2026-12-04-h200-v20.png",
+        "D  bench/2026-12-04-h200-v20-bench.txt",
+        "D  bench/2026-12-04-h200-v21-pp2-mb4-store-ab.txt"])
+    assert f"commit {HASH}: NOT in this checkout's history" in c.stdout
+
+
+def test_device_commit_refuses_logs_of_two_commits(tree, repo, tmp_path):
+    out1, out2 = tmp_path / "call1", tmp_path / "call2"
+    verify(tree, "tests", CHECK_B="1", MTP_CHECK_B="", TESTS="0")
+    shutil.move(tree.parent / "out", out1)
+    (tree / ".gpu" / "COMMIT").write_text("f" * 40 + "\n")
+    verify(tree, "rest", SAN_TOOLS="", BENCH_B="", REF_MODEL="")
+    shutil.move(tree.parent / "out", out2)
+    c = _commit(repo, out1, out2)
+    assert c.returncode == 2
+    assert c.stderr.startswith(f"error: {out2}/verify-rest.log names commit {'f' * 40}, ")
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("args, msg", [
+    ([], "error: give the folders the device calls returned"),
+    (["nowhere"], "error: nowhere is not a folder"),
+    (["."], "error: no verify-all.log, verify-tests.log or verify-rest.log in: ."),
+])
+def test_device_commit_bad_input(repo, args, msg):
+    c = _commit(repo, *args)
+    assert c.returncode == 2 and c.stderr.startswith(msg)
