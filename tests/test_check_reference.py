@@ -170,9 +170,9 @@ def test_check_reference_wiring_with_a_perfect_fake_program(monkeypatch):
     seen = {}
 
     def fake_run_batches(cfg_, lanes, tensors, prompts, steps_, tmax, keep_state=False, **kw):
+        down = tensors["model.language_model.layers.0.mlp.down_proj.weight"]
         seen.update(n=len(prompts), tmax=tmax, steps=steps_,
-                    quantized=isinstance(tensors["model.language_model.layers.0.mlp.down_proj.weight"],
-                                         QuantizedTensor))
+                    quantized=isinstance(down, QuantizedTensor))
         ref = Reference(cfg_, dequantized_weights(tensors))
         got, sts = [], []
         for p in prompts:
