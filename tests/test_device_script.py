@@ -260,3 +260,21 @@ def test_device_commit_refuses_logs_of_two_commits(tree, repo, tmp_path):
 def test_device_commit_bad_input(repo, args, msg):
     c = _commit(repo, *args)
     assert c.returncode == 2 and c.stderr.startswith(msg)
+
+
+def test_the_default_mode_still_runs_its_table(tree):
+    """Without VERIFY: the GPU tests, check and the sanitizers as before, into device.log."""
+    p, _ = verify(tree, "", JOBS="16", BASIC="0", CHECK_B="1 64", MTP_CHECK_B="16", SAN_B="3",
+                  STUB_FAIL="check --batch 64")
+    assert p.returncode == 0, p.stderr
+    table = p.stdout.split("==== summary ====\n")[1].splitlines()
+    assert table == [
+        "pytest tests/gpu (JOBS=16)                   rc=0: 3 of 3 test ids passed or skipped "
+        "(0 skipped)",
+        "check --batch 1                              rc=0: PASS 16/16 sequences",
+        "check --batch 64                             rc=1: FAIL 15/16 sequences",
+        "check --mtp 1 --batch 16                     rc=0: PASS 16/16 sequences",
+        "compute-sanitizer memcheck B=3 (prefill+decode) rc=0: ========= ERROR SUMMARY: 0 errors",
+        "compute-sanitizer racecheck B=3 (prefill+decode) rc=0: ========= RACECHECK SUMMARY: 0 "
+        "hazards displayed (0 errors, 0 warnings)"]
+    assert (tree.parent / "out" / "device.log").read_text().endswith(table[-1] + "\n")
