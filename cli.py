@@ -592,7 +592,8 @@ def _outcome_table(title, cols, res):
 @click.option("--reference", "ref_model", default=None, metavar="MODEL",
               help="Instead: the program of MODEL (a preset such as qwen3.5-0.8b) on synthetic "
                    "int4 weights, its greedy streams against the numpy reference teacher-forced "
-                   "on them, with the golden comparison's tolerances (GPU).")
+                   "on them, with the golden comparison's tolerances (logits in units of their "
+                   "standard deviation; GPU).")
 def check(golden_dir, ref_model, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
@@ -651,8 +652,9 @@ def _check_reference(model: str, lanes) -> None:
         sys.exit(0)
     res = check_reference(cfg, lanes)
     _verdict(f"check --reference {cfg.name} {lanes.name}: the program's greedy streams vs the "
-             "numpy reference", ("slot", "prompt", "length", "same as first", "max |Δlogit|",
-                                 "argmax", "state err", "status"), res, "sequences")
+             "numpy reference", ("slot", "prompt", "length", "same as first", "σ",
+                                 "max |Δlogit| / σ", "argmax", "state err", "status"),
+             res, "sequences")
 
 
 def _verdict(title: str, columns: tuple, res, unit: str):
