@@ -32,7 +32,8 @@ def scenario(rt, cfg, B: int, refill: bool, run) -> list[str]:
     run("topk")
     pos = rt.get("pos")
     assert list(pos) == list(ntok + 1), pos
-    lines = [f"one prefill chunk + one decode step ran; pos {list(pos)} next {list(rt.get('next'))}"]
+    nxt = list(rt.get("next"))
+    lines = [f"one prefill chunk + one decode step ran; pos {list(pos)} next {nxt}"]
     if not refill:
         return lines
     slot = min(1, B - 1)
