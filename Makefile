@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUTDIR ?= out
 
-.PHONY: venv test test-slow install-check run gate device device-prep clean
+.PHONY: venv test test-slow install-check run gate device device-prep device-commit clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,13 +44,38 @@ run: $(STAMP)
 gate: $(STAMP)
 	$(VENV)/bin/qwen38gen gate --matrix
 
-# Copy PyCUDA's wheels next to the checkout (git-ignored .gpu/) so a device run can carry them.
-device-prep:
-	mkdir -p .gpu && cp ../shared/device/*.whl .gpu/
+# Before a device run, on the CPU machine, from a clean tree (commit first): PyCUDA's wheels into
+# the git-ignored .gpu/ (from WHEELS_FROM), the commit's hash (.gpu/COMMIT: the device log's first
+# line) and index (.gpu/FILES: the device checks the tree it got against it), and every program
+# that `VERIFY=... bash scripts/device.sh` loads compiled into .cache/q38 (no nvcc there). Then
+# the device run carries [".gpu", ".cache"]; the size of what travels is printed (limit 64 MiB).
+WHEELS_FROM ?= ../shared/device
 
-# Run on the GPU machine: PyCUDA install, GPU tests, summary table.
+device-prep:
+	@test -z "$$(git status --porcelain)" || { git status --short; echo "error: the tree has \
+	uncommitted or untracked files; commit them first (the device log names the commit it ran)"; \
+	exit 2; }
+	rm -rf .gpu .cache/q38
+	mkdir -p .gpu && cp $(WHEELS_FROM)/*.whl .gpu/
+	git ls-files -s > .gpu/FILES
+	git rev-parse HEAD > .gpu/COMMIT
+	QWEN38_CACHE=.cache/q38 $(PY) scripts/precompile.py --verify
+	@du -sh .gpu .cache
+	@git ls-files -z | xargs -0 du -cb .gpu .cache | tail -1 | \
+	  awk '{printf "travels: %.1f MiB (tracked files, .gpu, .cache; limit 64 MiB)\n", $$1 / 1048576}'
+
+# Run on the GPU machine: PyCUDA install, GPU tests, summary table (VERIFY=tests|rest|all: the
+# whole verification, scripts/device.sh's header).
 device:
 	bash scripts/device.sh
+
+# After the device run, on the CPU machine: the verify logs, bench json, png and text of the
+# calls' files_at folders under bench/ as version V, replacing the previous ones (staged, not
+# committed): make device-commit OUT="DIR_TESTS DIR_REST" V=v23
+V ?= v23
+device-commit:
+	@test -n "$(OUT)" || { echo "error: give OUT=\"DIR...\": the device calls' files_at folders"; exit 2; }
+	V=$(V) bash scripts/device_commit.sh $(OUT)
 
 clean:
 	rm -rf $(OUTDIR) .pytest_cache

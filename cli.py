@@ -622,13 +622,20 @@ def _outcome_table(title, cols, res):
 @cli.command()
 @_lanes_options
 @_golden_option
-def check(golden_dir, **lane_kw):
+@click.option("--reference", "ref_model", default=None, metavar="MODEL",
+              help="Instead: the program of MODEL (a preset such as qwen3.5-0.8b) on synthetic "
+                   "int4 weights, its greedy streams against the numpy reference teacher-forced "
+                   "on them, with the golden comparison's tolerances (logits in units of their "
+                   "standard deviation; GPU).")
+def check(golden_dir, ref_model, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
     from qwen38gen.check import check_gpu, validate_golden
     from qwen38gen.runtime import _drv
 
     lanes = _make_lanes(**lane_kw)
+    if ref_model is not None:
+        _check_reference(ref_model, lanes)
     g = G.load_golden(folder=golden_dir)
     try:
         _drv()
@@ -655,6 +662,32 @@ def check(golden_dir, **lane_kw):
     _verdict(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
              ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax", "state err",
               "status"), res, "sequences")
+
+
+def _check_reference(model: str, lanes) -> None:
+    """`check --reference MODEL`: exits 0 or 1 (0 with a note where no GPU answers)."""
+    from rich.markup import escape
+
+    from qwen38gen.check import check_reference
+    from qwen38gen.config import load_config
+    from qwen38gen.lanes import check_model
+    from qwen38gen.runtime import _drv
+
+    cfg = load_config(model)
+    check_model(cfg)
+    if lanes.mtp:
+        raise UserError("check --reference runs the plain decode program; drop --mtp (the mtp "
+                        "lock is `check --mtp K` on the golden streams)")
+    try:
+        _drv()
+    except UserError as e:
+        out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(str(e))}. Nothing was compared.")
+        sys.exit(0)
+    res = check_reference(cfg, lanes)
+    _verdict(f"check --reference {cfg.name} {lanes.name}: the program's greedy streams vs the "
+             "numpy reference", ("slot", "prompt", "length", "same as first", "σ",
+                                 "max |Δlogit| / σ", "argmax", "state err", "status"),
+             res, "sequences")
 
 
 def _verdict(title: str, columns: tuple, res, unit: str):

@@ -256,3 +256,98 @@ def check_spec(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Out
                                      f"{st.acceptance_rate[j]:.2f}",
                                      str(st.verify_passes[j]), "ok" if ok else "MISMATCH"])
     return out
+
+
+# ------------------------------------------------------------------ `check --reference MODEL`
+REF_PROMPT_LENGTHS = (1, 7, 16, 33)   # one token, within one chunk, a full chunk, three chunks
+REF_STEPS = 16
+
+
+def reference_prompts(cfg: ModelConfig, seed: int = G.PROMPT_SEED) -> list[list[int]]:
+    """The prompts of `check --reference` (seeded token ids, REF_PROMPT_LENGTHS)."""
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, cfg.vocab_size, n)] for n in REF_PROMPT_LENGTHS]
+
+
+def quantized_synthetic(cfg: ModelConfig, seed: int = G.SEED) -> dict:
+    """Seeded synthetic weights with every linear weight quantized once (int4 g128
+    `QuantizedTensor`s): the program packs them as they are and the reference computes with
+    their dequantization, so both see the same int4 weights."""
+    from .quantize import QuantizedTensor
+    from .weights import quantize_pack
+
+    shapes = cfg.tensor_shapes()
+    out = {}
+    for n, v in default_tensors(cfg, seed).items():
+        if n in shapes and cfg.is_int4(n, shapes[n]):
+            q, s = quantize_pack(np.asarray(v, dtype=np.float32), n)
+            out[n] = QuantizedTensor(q, s, tuple(v.shape))
+        else:
+            out[n] = v
+    return out
+
+
+def _scaled(seq: dict, sigma: float) -> dict:
+    """A run's top-k logits divided by sigma (the tokens as they are)."""
+    return {"tokens": seq["tokens"],
+            "topk": [[[i, v / sigma] for i, v in row] for row in seq["topk"]]}
+
+
+def compare_with_reference(cfg: ModelConfig, prompts: list[list[int]], got: list[dict],
+                           states: list[dict], batch: int, refs: list) -> Outcome:
+    """The program's own greedy runs against the reference teacher-forced on them.
+
+    ``got[i]``: slot i's run ({"tokens", "topk"}) of prompt ``i % len(prompts)`` (prompts cycle
+    to fill the batch); ``states[i // batch]``: the buffers (rec, conv, kc, vc, pos) after the
+    batch that held slot i; ``refs[p]``: (logits, State) of the reference teacher-forced on the
+    token stream of slot p (the first slot of prompt p). Per slot: its stream equals the first
+    slot's of the same prompt (every row computes alike whatever its slot), its top-k logits are
+    within the golden comparison's ``logit_abs`` of the reference and its argmax agrees wherever
+    the reference's top-2 margin exceeds ``argmax_margin``, both in units of the standard
+    deviation σ of the sequence's reference logits (the golden tolerances are for the tiny
+    model, whose σ is about 1; bf16 alone rounds a logit of 100 by up to 0.25), and its final
+    state is within ``state_rel``. Rows: slot, prompt, prompt length, same as first, σ,
+    max |Δlogit| / σ, argmax, state err, status."""
+    n = len(prompts)
+    sigma = [float(np.std(lg)) or 1.0 for lg, _ in refs]
+    out = Outcome(ok=True)
+    for i, r in enumerate(got):
+        p = i % n
+        lg, st = refs[p]
+        rep = G.compare_to_reference(_scaled(r, sigma[p]), lg / sigma[p], p)
+        same = r["tokens"] == got[p]["tokens"] and r["topk"] == got[p]["topk"]
+        sb, slot = states[i // batch], i % batch
+        pos = int(sb["pos"][slot])
+        state_err = max(state_errors(cfg, sb, slot, st).values())
+        ok = (rep.ok and same and state_err <= G.tol("state_rel")
+              and pos == len(prompts[p]) + len(r["tokens"]) - 1)
+        out.ok &= ok
+        out.rows.append([str(i), str(p), str(len(prompts[p])), "yes" if same else "no",
+                         f"{sigma[p]:.2f}", f"{rep.max_logit_err:.3f}",
+                         f"{rep.argmax_checked - rep.argmax_mismatch}/{rep.argmax_checked}",
+                         f"{state_err:.1e}", "ok" if ok else "MISMATCH"])
+    out.notes.append(
+        f"{cfg.name}, synthetic int4 weights (seed {G.SEED}): the program's greedy streams, the "
+        "reference teacher-forced on each; the golden comparison's tolerances, logits in units of "
+        f"σ (the reference logits' standard deviation): |Δlogit| ≤ {G.tol('logit_abs')} σ, "
+        f"argmax where the top-2 margin > {G.tol('argmax_margin')} σ, state "
+        f"{G.tol('state_rel')} relative")
+    return out
+
+
+def check_reference(cfg: ModelConfig, lanes: Lanes, steps: int = REF_STEPS) -> Outcome:
+    """`check --reference`: the program of ``cfg`` (any supported geometry, e.g. a published
+    dense size) on synthetic int4 weights, its own greedy streams on REF_PROMPT_LENGTHS prompts
+    (cycled to fill the batch) against the numpy reference teacher-forced on them."""
+    from .quantize import dequantized_weights
+    from .reference import Reference
+
+    prompts = reference_prompts(cfg)
+    count = max(len(prompts), lanes.batch)
+    slots = [prompts[i % len(prompts)] for i in range(count)]
+    tensors = quantized_synthetic(cfg)
+    got, states = run_batches(cfg, lanes, tensors, slots, steps,
+                              tmax=max(map(len, prompts)) + steps, keep_state=True)
+    ref = Reference(cfg, dequantized_weights(tensors))
+    refs = [G.reference_logits(ref, p, got[i]["tokens"]) for i, p in enumerate(prompts)]
+    return compare_with_reference(cfg, prompts, got, states, lanes.batch, refs)

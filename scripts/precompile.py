@@ -1,10 +1,16 @@
 """Compile the programs a device run needs into the gate's cache (QWEN38_CACHE) on the CPU
 machine, so the GPU machine loads them instead of running nvcc (carry the cache folder).
 
-  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:mtp|:t] ...
-  e.g. qwen3.8-27b:1 qwen3.8-27b:16 tiny:64 tiny:16:1   (pt: `qwen38gen bench` uses 1 for the
-  27B; check uses QWEN38_PT or 16); MODEL:B:t is the trace variant (`bench --trace`). The
-  tuning is the CLI's: the QWEN38_* A/B variables, then each --tune (`qwen38gen lanes`).
+  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:K|:t][:ptN] ...
+  e.g. qwen3.8-27b:1 qwen3.8-27b:16 tiny:64 tiny:16:1 tiny:3:pt8
+  (pt: `qwen38gen bench` uses 1 for the 27B; check uses QWEN38_PT or 16; ptN names it; K: the
+  mtp lane's drafts; t: the trace variant of `bench --trace`)
+
+  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py --verify
+  compiles exactly the programs of `VERIFY=... bash scripts/device.sh` (VERIFY_PROGRAMS; the
+  cache key holds the nvcc version, so the device's nvcc must be the same release).
+
+  The tuning is the CLI's: the QWEN38_* A/B variables, then each --tune (`qwen38gen lanes`).
 """
 
 from __future__ import annotations
@@ -22,13 +28,40 @@ from qwen38gen.tuning import Tuning, tuning_from_env  # noqa: E402
 
 TUNING = Tuning()
 
+# What scripts/device.sh VERIFY runs, program by program (keep the two in step):
+VERIFY_PROGRAMS = (
+    "tiny:2:pt8", "tiny:3:pt8",                        # tests/gpu/test_engine.py
+    "tiny:1:t", "tiny:3:t", "tiny:16:t",               # tests/gpu/test_trace.py (+ tiny:1,3,16)
+    "tiny:1", "tiny:3", "tiny:16", "tiny:64",          # check; one_step.py (sanitizer) at B = 3
+    "tiny:1:1", "tiny:16:1",                           # check --mtp 1
+    "tiny:1:pt8",                                      # run --batch 3 against --batch 1 (pt 8)
+    "qwen3.5-0.8b:3",                                  # check --reference qwen3.5-0.8b --batch 3
+    "qwen3.8-27b:1", "qwen3.8-27b:16", "qwen3.8-27b:64",   # bench --batch 1,16,64
+)
+
+
+def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
+    """MODEL:B[:K|:t][:ptN] -> (model, lanes, trace)."""
+    model, b, *rest = spec.split(":")
+    if model not in PRESETS:
+        raise SystemExit(f"error: {spec}: unknown preset {model!r}")
+    trace, mtp, pt = False, 0, None
+    for item in rest:
+        if item == "t":
+            trace = True
+        elif item.startswith("pt") and item[2:].isdigit():
+            pt = int(item[2:])
+        elif item.isdigit():
+            mtp = int(item)
+        else:
+            raise SystemExit(f"error: {spec}: {item!r} is none of K (mtp drafts), t (trace), ptN")
+    if pt is None and model == "qwen3.8-27b" and not mtp:
+        pt = 1
+    return model, Lanes.make(int(b), pt=pt, mtp=mtp, tuning=TUNING), trace
+
 
 def one(spec: str) -> str:
-    model, b, *rest = spec.split(":")
-    trace = rest == ["t"]
-    mtp = int(rest[0]) if rest and not trace else 0
-    lanes = Lanes.make(int(b), pt=1 if model == "qwen3.8-27b" and not mtp else None, mtp=mtp,
-                       tuning=TUNING)
+    model, lanes, trace = lanes_of(spec)
     cubin, _ = build(PRESETS[model], lanes, trace=trace)
     return f"{spec}: {cubin}"
 
@@ -47,6 +80,10 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 if __name__ == "__main__":
     tune, specs = split_args(sys.argv[1:])
     TUNING = Tuning.parse(tuning_from_env() + tune)
+    if specs == ["--verify"]:
+        specs = list(VERIFY_PROGRAMS)
+    for s in specs:
+        lanes_of(s)   # every spec parses before the first build
     with ThreadPoolExecutor(2) as ex:
         for line in ex.map(one, specs):
             print(line, flush=True)
