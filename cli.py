@@ -899,7 +899,8 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
         t.add_column(c, justify="right")
 
     def ms(x, floor=None):
-        return "-" if x is None else f"{x * 1e3:.3f}" + (f" ({100 * floor / x:.0f}%)" if floor else "")
+        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
+        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
 
     for p in preds:
         per, i1 = p.persistent or {}, p.item1 or {}

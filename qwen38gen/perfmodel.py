@@ -325,8 +325,9 @@ def calibrate(measured: dict, batches=CALIBRATION_BATCHES) -> Fit:
     for b in sorted(by_b):
         kinds = step_today(costs[b], p)
         meas = by_b[b]["step_ms"] * 1e-3
-        rows.append({"batch": b, "measured_ms": by_b[b]["step_ms"], "predicted_ms": kinds["step"] * 1e3,
-                     "error": kinds["step"] / meas - 1, "held_out": b not in batches,
+        rows.append({"batch": b, "measured_ms": by_b[b]["step_ms"],
+                     "predicted_ms": kinds["step"] * 1e3, "error": kinds["step"] / meas - 1,
+                     "held_out": b not in batches,
                      "kinds_ms": {k: v * 1e3 for k, v in kinds.items() if k != "step"},
                      "measured_kinds_ms": dict(by_b[b]["graph_ms"])})
     return Fit(p, cfg.name, ctx, tuple(batches), rows)
