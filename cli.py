@@ -877,6 +877,9 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
     if design not in P.DESIGNS:
         raise UserError(f"--design {design!r} is unknown; choose one of {', '.join(P.DESIGNS)}")
     cfg = load_config(model)
+    if calibration_file is None and not P.DEFAULT_CALIBRATION.is_file():
+        raise UserError(f"the committed calibration run {P.DEFAULT_CALIBRATION} is not here (an "
+                        "installed package has no bench/); give --calibration F.json")
     fit = P.calibrate(P.load_measured(calibration_file or P.DEFAULT_CALIBRATION))
     meas = P.load_measured(measured_file) if measured_file else None
     preds = P.predict(cfg, bs, ctx, fit, design, meas)
@@ -913,7 +916,8 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
                   ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
     out.print(t)
     if json_out:
-        d = {"model": cfg.name, "ctx": ctx, "design": design, "fit": fit.to_json(),
+        d = {"model": cfg.name, "ctx": ctx, "design": design, "prediction_unit": "s",
+             "fit": fit.to_json(),
              "predictions": [p.to_json() for p in preds]}
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
 

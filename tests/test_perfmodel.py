@@ -161,6 +161,8 @@ def run(*args):
     (("--design", "fused"), "error: --design 'fused' is unknown; choose one of today, "
                             "persistent, both"),
     (("--ctx", "0"), "error: --ctx 0 must be at least 1 cached token"),
+    (("--calibration", "/nonexistent.json"), "error: cannot read measurements "
+     "'/nonexistent.json': No such file or directory; give a `qwen38gen bench --json` file"),
 ])
 def test_perf_bad_input(args, message):
     rc, out, err = run(*args)
@@ -174,6 +176,7 @@ def test_perf_prints_and_writes_json(tmp_path):
     assert rc == 0, err
     assert "model predictions (not measurements)" in out and "held out" in out
     d = json.loads(j.read_text())
+    assert d["prediction_unit"] == "s" and d["fit"]["max_error_held_out"] <= TOL_HELD_OUT
     assert [p["batch"] for p in d["predictions"]] == [1, 64]
     p64 = d["predictions"][1]
     assert p64["measured"] == pytest.approx(
