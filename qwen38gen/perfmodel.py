@@ -68,6 +68,7 @@ import numpy as np
 from .config import INT4_GROUP, ModelConfig, load_config
 from .errors import UserError
 from .lanes import Lanes
+from .plan.entries import cdiv
 from .timing import kind_of
 
 # ---------------------------------------------------------------- measured anchors (H200)
@@ -88,6 +89,7 @@ DESIGNS = ("today", "persistent", "both")
 GEMV_FAMILIES = {"gemv_q4": "gemv_q4", "gemm_q4": "gemv_q4",
                  "wgmma_q4": "wgmma", "wgmma_sk_q4": "wgmma"}
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
+MEASURED_KINDS = ("gemv", "delta rule", "attention", "rest")
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,6 @@ class LaunchCost:
     flops: float        # f: tensor-core flops at the batch tile
     occ: float          # min(1, blocks / SMs)
     tile: int = 0       # a GEMV's batch tile btg
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def launch_costs(cfg: ModelConfig, manifest: dict, ctx: int) -> list[LaunchCost]:
@@ -128,7 +126,7 @@ def launch_costs(cfg: ModelConfig, manifest: dict, ctx: int) -> list[LaunchCost]
             w = ws[L["weight"]]
             hbm, part = w["rows"] * w["k"] * (0.5 + 2.0 / INT4_GROUP), "weights"
             tile = L["btg"]
-            flops = 2.0 * w["rows"] * w["k"] * _cdiv(B, tile) * tile
+            flops = 2.0 * w["rows"] * w["k"] * cdiv(B, tile) * tile
             act = B * (w["k"] + w["rows"]) * act_w
         elif fam == "gdn":
             hbm, part = gdn_b, "state"
@@ -230,11 +228,13 @@ def load_measured(path: Path | str) -> dict:
                         "`qwen38gen bench --json` file") from None
     ok = (isinstance(d, dict) and isinstance(d.get("rows"), list) and d["rows"]
           and all(isinstance(r, dict) and {"batch", "step_ms", "graph_ms"} <= set(r)
+                  and isinstance(r["graph_ms"], dict) and set(MEASURED_KINDS) <= set(r["graph_ms"])
                   for r in d["rows"])
           and all(k in d for k in ("model", "ctx", "copy_bandwidth")))
     if not ok:
         raise UserError(f"{str(p)!r} is not a `qwen38gen bench --json` file: it needs model, "
-                        "ctx, copy_bandwidth and rows with batch, step_ms and graph_ms")
+                        "ctx, copy_bandwidth and rows with batch, step_ms and graph_ms (ms of "
+                        f"{', '.join(MEASURED_KINDS)})")
     return d
 
 
@@ -321,6 +321,11 @@ def calibrate(measured: dict, batches=CALIBRATION_BATCHES) -> Fit:
     if bad:
         raise UserError(f"the calibration on B = {', '.join(map(str, batches))} gives "
                         f"{', '.join(bad)}: choose batches that span the tiles (1, 16, 32, 64)")
+    for b in (b_lo, b_hi):   # the regimes the closed forms assumed
+        got = step_today(of(b, lambda c: c.kind == "gemv"), p)["step"]
+        if not math.isclose(got, graph(b, "gemv"), rel_tol=1e-6):
+            raise UserError(f"the GEMV at B = {b} is not {'stream' if b == b_lo else 'issue'}-"
+                            "bound under the fitted parameters: calibrate on other batches")
     rows = []
     for b in sorted(by_b):
         kinds = step_today(costs[b], p)
