@@ -885,6 +885,76 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     return pr
 
 
+# ---------------------------------------------------------------------------------------- perf
+@cli.command("perf")
+@click.option("--model", default="qwen3.8-27b", show_default=True, help="Preset or config.json.")
+@click.option("--batch", "batches", default="1,16,64", show_default=True,
+              help="Comma-separated batch sizes.")
+@click.option("--ctx", type=int, default=1024, show_default=True, help="Cached tokens T.")
+@click.option("--design", default="both", show_default=True,
+              help="today (the emitted program), persistent (issue 34 item 2) or both.")
+@click.option("--measured", "measured_file", type=click.Path(path_type=Path), default=None,
+              help="A `bench --json` file whose step times to print beside the predictions.")
+@click.option("--calibration", "calibration_file", type=click.Path(path_type=Path),
+              default=None, help="The `bench --json` file to calibrate on (default: the "
+                                 "committed bench/2026-12-04-h200-v20.json).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
+def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_out):
+    """The timing model of the decode step (qwen38gen/perfmodel.py): its fit on the measured
+    run, then predictions for today's program and the persistent step. Model, not measurement."""
+    from qwen38gen import perfmodel as P
+    from qwen38gen.config import load_config
+    from qwen38gen.emit import atomic_write
+
+    bs = P.parse_batches(batches)
+    if design not in P.DESIGNS:
+        raise UserError(f"--design {design!r} is unknown; choose one of {', '.join(P.DESIGNS)}")
+    cfg = load_config(model)
+    if calibration_file is None and not P.DEFAULT_CALIBRATION.is_file():
+        raise UserError(f"the committed calibration run {P.DEFAULT_CALIBRATION} is not here (an "
+                        "installed package has no bench/); give --calibration F.json")
+    fit = P.calibrate(P.load_measured(calibration_file or P.DEFAULT_CALIBRATION))
+    meas = P.load_measured(measured_file) if measured_file else None
+    preds = P.predict(cfg, bs, ctx, fit, design, meas)
+    out.print(f"timing model against its calibration run ({fit.model}, T = {fit.ctx})")
+    f = Table()
+    for c in ("B", "measured ms", "model ms", "error", "used"):
+        f.add_column(c, justify="right")
+    for r in fit.rows:
+        f.add_row(str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+                  f"{100 * r['error']:+.1f}%", "held out" if r["held_out"] else "calibration")
+    out.print(f)
+    out.print(f"calibrated on B = {', '.join(map(str, fit.calibration))}; max |error|: "
+              f"calibration {100 * fit.max_error(False):.1f}%, held out "
+              f"{100 * fit.max_error(True):.1f}%")
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}: model predictions (not measurements); "
+                    f"floor at the calibration run's copy bandwidth "
+                    f"{fit.params.R_copy / 1e12:.3f} TB/s")
+    for c in ("B", "floor ms", "today ms", "today, item 1 ms", "measured ms",
+              "persistent ms", "binds (share)", "persistent, item 1 ms", "no overlap ms"):
+        t.add_column(c, justify="right")
+
+    def ms(x, floor=None):
+        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
+        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
+
+    for p in preds:
+        per, i1 = p.persistent or {}, p.item1 or {}
+        t.add_row(str(p.batch), ms(p.floor), ms(p.today, p.floor),
+                  ms(i1.get("rate_and_overlap"), p.floor), ms(p.measured, p.floor),
+                  ms(per.get("step"), p.floor),
+                  " / ".join(f"{k} {100 * v:.0f}%" for k, v in
+                             sorted(per["share"].items(), key=lambda kv: -kv[1])[:2])
+                  if per else "-",
+                  ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
+    out.print(t)
+    if json_out:
+        d = {"model": cfg.name, "ctx": ctx, "design": design, "prediction_unit": "s",
+             "fit": fit.to_json(),
+             "predictions": [p.to_json() for p in preds]}
+        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
+
+
 def main(argv=None):
     try:
         rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)
