@@ -241,7 +241,8 @@ def _check_reference_fits(cfg, what: str) -> None:
 @click.option("--think", is_flag=True, help="With --chat: the template's thinking mode "
                                            "(enable_thinking; off by default).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the end-of-sequence ids.")
-@click.option("--steps", default=8, show_default=True, help="Greedy decode steps.")
+@click.option("--steps", default=8, show_default=True,
+              help="Greedy decode steps at most (fewer when every sequence has stopped).")
 @click.option("--int4", "use_int4", is_flag=True, help="Quantize the synthetic weights to int4 "
                                                       "first (the q4 program's oracle).")
 def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_eos, steps,
@@ -273,7 +274,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
                             "out to use the folder's config.json")
     tok = None
     tok_dir = weights_dir or resolved.model_dir
-    if tok_dir is not None and (prompts or chat):
+    if tok_dir is not None:   # text in and out, and the end-of-sequence ids
         from qwen38gen.tokenizer import load_tokenizer
 
         tok = load_tokenizer(tok_dir)
@@ -306,10 +307,10 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         if use_int4:
             tensors = int4_weights(cfg, tensors)
     ref = Reference(cfg, tensors, dtype=np.float32)
-    gen = ref.generate(ids, steps)
-    if tok is not None and not ignore_eos:
-        gen = [_cut_at(g, tok.eos_ids) for g in gen]
-    t = Table(title=f"reference greedy generation, {cfg.name}, {steps} steps")
+    from qwen38gen.serve import eos_ids
+
+    gen = ref.generate(ids, steps, stop=() if ignore_eos else eos_ids(cfg, tok))
+    t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
     t.add_column("seq", justify="right")
     t.add_column("prompt")
     t.add_column("generated")
@@ -319,14 +320,6 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     if tok is not None:
         for i, g in enumerate(gen):
             out.print(f"[{i}] {tok.decode(g)}", markup=False)
-
-
-def _cut_at(tokens: list[int], stop: tuple[int, ...]) -> list[int]:
-    """tokens up to and including the first end-of-sequence id."""
-    for i, t in enumerate(tokens):
-        if t in stop:
-            return tokens[:i + 1]
-    return tokens
 
 
 # ---------------------------------------------------------------------------------------- lanes
@@ -384,18 +377,19 @@ def _tuning(tune=(), tune_file=None):
                    "speculative-decoding program (verify, accept, MTP drafter).")
 @click.option("--arch", default=DEFAULT_ARCH, show_default=True)
 @click.option("--lm-head", default="int4", show_default=True, help="lm_head precision.")
-@click.option("--model", default="tiny", show_default=True, help="Preset or config.json.")
+@click.option("--model", default="tiny", show_default=True,
+              help="Preset, config.json or checkpoint folder (its config.json is the geometry).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="The .cu to write (default: the lane's name in the current folder).")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the program instead.")
 @_tune_options
 def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tune_file):
     """Write the self-contained .cu decode program and its launch manifest."""
-    from qwen38gen.config import load_config
+    from qwen38gen.config import resolve_model
     from qwen38gen.emit import emit_program, write_program
     from qwen38gen.lanes import Lanes
 
-    cfg = load_config(model)
+    cfg = resolve_model(model).config
     lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
                        tuning=_tuning(tune, tune_file))
     prog = emit_program(cfg, lanes)
@@ -504,12 +498,30 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
 
 
 @cli.command()
-@click.option("--model", default="tiny", show_default=True, help="Preset, config.json or folder.")
+@click.option("--model", default=None,
+              help="Preset, config.json or checkpoint folder (its weights and tokenizer) "
+                   "[default: the --weights folder's config.json, else tiny].")
 @click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
-              help="Checkpoint folder (HF or `quantize` output); default: synthetic, seeded.")
+              help="Checkpoint folder (HF or `quantize` output); default: the --model folder's "
+                   "weights, else synthetic, seeded.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
               help="JSON lines, one request each (docs/RUN_FORMAT.md).")
+@click.option("--prompt", "prompt_texts", multiple=True,
+              help="Instead of --prompts: prompt text, one request each (repeat for more), "
+                   "encoded with the model folder's tokenizer.")
+@click.option("--chat", is_flag=True, help="With --prompt: wrap each in the model's chat template.")
+@click.option("--think", is_flag=True, help="With --chat: the template's thinking mode "
+                                           "(enable_thinking; off by default).")
+@click.option("--max-tokens", type=int, default=None,
+              help="With --prompt: new tokens at most per request [default: 16].")
+@click.option("--temperature", type=float, default=None,
+              help="With --prompt: sampling temperature (0: greedy) [default: 0].")
+@click.option("--top-k", type=int, default=None, help="With --prompt: top_k (-1: off).")
+@click.option("--top-p", type=float, default=None, help="With --prompt: top_p in (0, 1].")
+@click.option("--min-p", type=float, default=None, help="With --prompt: min_p in [0, 1].")
+@click.option("--ignore-eos", is_flag=True,
+              help="With --prompt: do not stop at the end-of-sequence ids.")
 @click.option("--backend", type=click.Choice(["gpu", "reference"]), default="gpu",
               show_default=True, help="gpu: the emitted program (PyCUDA); reference: the numpy "
                                       "reference on CPU, slowly, with the same scheduling.")
@@ -522,26 +534,27 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
               help="Write the run's figures here (throughput, steps, slot occupancy).")
 @_lanes_options
-def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, output, json_out,
-        **lane_kw):
-    """Generate for every request of a JSON-lines file with continuous batching over B slots.
+def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_tokens,
+        temperature, top_k, top_p, min_p, ignore_eos, backend, ctx, sampling_seed, output,
+        json_out, **lane_kw):
+    """Generate for every request of a JSON-lines file (or of each --prompt) with continuous
+    batching over B slots.
 
-    One JSON line per request as it finishes (stdout or --output), a progress bar and the
-    throughput on stderr."""
+    One JSON line per request as it finishes (stdout or --output; with "text" when the model
+    folder has a tokenizer), a progress bar and the throughput on stderr."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from qwen38gen import serve as S
-    from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
     from qwen38gen.engine import Engine
-    from qwen38gen.requests import read_requests
 
-    cfg = load_config(model)
+    cfg, weights_dir, tok = _run_model(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
-    tok = S.load_tokenizer(model, weights_dir)
-    reqs = read_requests(prompts_file, cfg.vocab_size, sampling_seed, tok)
+    reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
+                         think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                         top_p=top_p, min_p=min_p, ignore_eos=ignore_eos or None)
     ctx = S.default_ctx(reqs) if ctx is None else ctx
     S.check_requests(reqs, cfg, ctx, lanes.mtp)
     tensors = S.float_tensors(cfg, weights_dir, seed)
@@ -575,6 +588,71 @@ def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, out
     err.print(S.summary_line(d), markup=False)
     if json_out:
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
+
+
+def _run_model(model, weights_dir):
+    """run's model: (config, the weights folder or None, the tokenizer or None).
+    --model DIR with weights is the weights unless --weights says otherwise; --weights alone
+    takes its folder's config.json; both must be the same geometry."""
+    from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
+
+    if weights_dir is not None and not (weights_dir / "config.json").is_file():
+        raise UserError(f"--weights {str(weights_dir)!r} is not a checkpoint folder with a "
+                        "config.json")
+    resolved = resolve_model(model if model is not None else (weights_dir or DEFAULT_PRESET))
+    cfg = resolved.config
+    if weights_dir is None and resolved.has_weights:
+        weights_dir = resolved.model_dir
+    elif weights_dir is not None and model is not None:
+        own = load_config(weights_dir)
+        if own.hash != cfg.hash:
+            raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
+                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model "
+                            "out to use the folder's config.json")
+    from qwen38gen.tokenizer import load_tokenizer
+
+    tok = None
+    for d in (weights_dir, resolved.model_dir):   # the weights' own tokenizer first
+        if d is not None and tok is None:
+            tok = load_tokenizer(d)
+    return cfg, weights_dir, tok
+
+
+_PROMPT_ONLY = ("chat", "think", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                "ignore_eos")
+
+
+def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
+    """The requests of `run`: the --prompts file's lines, or one per --prompt with the
+    command line's parameters (which a file's lines set for themselves)."""
+    from qwen38gen.requests import prompt_requests, read_requests
+
+    given = [k for k in _PROMPT_ONLY if opts[k]]   # flags False, options None when not given
+    if texts and prompts_file is not None:
+        raise UserError("give the prompts either as --prompt TEXT (repeatable) or as a "
+                        "--prompts FILE of JSON lines, not both")
+    if not texts:
+        if prompts_file is None:
+            raise UserError("run needs prompts: --prompts FILE (JSON lines, docs/RUN_FORMAT.md) "
+                            "or --prompt TEXT (repeatable)")
+        if given:
+            opt = "--" + given[0].replace("_", "-")
+            raise UserError(f"{opt} goes with --prompt; in a --prompts file each line sets its "
+                            "own fields (docs/RUN_FORMAT.md)")
+        return read_requests(prompts_file, cfg.vocab_size, sampling_seed, tok)
+    if opts["think"] and not opts["chat"]:
+        raise UserError("--think is the chat template's thinking mode; it needs --chat")
+    params = {k: opts[k] for k in _PROMPT_ONLY if k not in ("chat", "think")}
+    try:
+        return prompt_requests(texts, cfg.vocab_size, tok, sampling_seed, chat=opts["chat"],
+                               think=opts["think"], **params)
+    except UserError as e:   # "--prompt number 1: top_k -3 is ...": name the option instead
+        msg = str(e)
+        for k in params:
+            head = f"--prompt number 1: {k} "
+            if msg.startswith(head):
+                raise UserError(f"--{k.replace('_', '-')} {msg[len(head):]}") from None
+        raise
 
 
 _golden_option = click.option(
@@ -620,6 +698,9 @@ def _outcome_table(title, cols, res):
 
 
 @cli.command()
+@click.option("--model", default=None,
+              help="Preset, config.json or model folder; only a model with golden runs (tiny) "
+                   "[default: tiny].")
 @_lanes_options
 @_golden_option
 @click.option("--reference", "ref_model", default=None, metavar="MODEL",
@@ -627,16 +708,21 @@ def _outcome_table(title, cols, res):
                    "int4 weights, its greedy streams against the numpy reference teacher-forced "
                    "on them, with the golden comparison's tolerances (logits in units of their "
                    "standard deviation; GPU).")
-def check(golden_dir, ref_model, **lane_kw):
+def check(model, golden_dir, ref_model, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
-    from qwen38gen.check import check_gpu, validate_golden
+    from qwen38gen.check import check_gpu, check_model, validate_golden
+    from qwen38gen.config import PRESETS
     from qwen38gen.runtime import _drv
 
+    cfg = PRESETS[G.MODEL] if model is None else check_model(model, golden_dir)
     lanes = _make_lanes(**lane_kw)
     if ref_model is not None:
+        if model is not None:
+            raise UserError("check: give --model (a model with golden runs) or --reference MODEL "
+                            "(a geometry checked against the numpy reference), not both")
         _check_reference(ref_model, lanes)
-    g = G.load_golden(folder=golden_dir)
+    g = G.load_golden(cfg=cfg, folder=golden_dir)
     try:
         _drv()
         have_gpu = True
@@ -654,11 +740,11 @@ def check(golden_dir, ref_model, **lane_kw):
     if lanes.mtp:
         from qwen38gen.check import check_spec
 
-        res = check_spec(lanes, g)
+        res = check_spec(lanes, g, cfg)
         _verdict(f"check {lanes.name}: speculative streams vs the golden greedy streams",
                  ("mode", "slot", "golden", "prompt", "tokens", "acceptance", "target passes",
                   "status"), res, "runs")
-    res = check_gpu(lanes, g)
+    res = check_gpu(lanes, g, cfg)
     _verdict(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
              ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax", "state err",
               "status"), res, "sequences")

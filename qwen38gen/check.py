@@ -21,6 +21,7 @@ import numpy as np
 from . import golden as G
 from .config import PRESETS, ModelConfig
 from .emit import atomic_write, emit_program
+from .errors import UserError
 from .gate import ResourceError, compile_source
 from .lanes import Lanes
 
@@ -31,6 +32,28 @@ def build(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> tuple[str, dic
     if res.problems and not trace:   # the trace variant's extra registers may spill: allowed
         raise ResourceError(res)
     return res.cubin, prog.manifest
+
+
+def check_model(spec, folder: Path | None = None) -> ModelConfig:
+    """`check --model SPEC`: the preset whose golden runs `check` compares against. Golden runs
+    are of a preset's seeded synthetic weights, so a checkpoint's weights, or a geometry without
+    a golden file in ``folder`` (default: the packaged one), are refused naming those that have
+    one. A config.json or a folder of only a config.json of such a preset's geometry is that
+    preset."""
+    from .config import resolve_model
+
+    resolved = resolve_model(spec)
+    names = [n for n in PRESETS if G.golden_path(PRESETS[n], folder=folder).is_file()]
+    names = names or [G.MODEL]   # no golden file at all: load_golden names the missing one
+    match = next((PRESETS[n] for n in names if PRESETS[n].hash == resolved.config.hash), None)
+    if resolved.has_weights or match is None:
+        lack = "weights have" if resolved.has_weights else "geometry has"
+        raise UserError(f"check --model {str(spec)!r}: check compares against the golden runs, "
+                        f"which exist only for {', '.join(names)} (its seeded synthetic "
+                        f"weights); this model's {lack} none. Check a geometry with `qwen38gen check "
+                        "--reference MODEL` (against the numpy reference), a checkpoint's text "
+                        "with `qwen38gen run --backend reference --model DIR` against `--backend gpu`")
+    return match
 
 
 def default_tensors(cfg: ModelConfig, seed: int = G.SEED, mtp: bool = False) -> dict:

@@ -43,9 +43,10 @@ Public API
 ``Reference.decode(state, tokens) -> (logits [B, vocab], hiddens [B, hidden])``
     One token per sequence.
 
-``Reference.generate(prompts, steps, chunk=None) -> list[list[int]]``
+``Reference.generate(prompts, steps, chunk=None, stop=()) -> list[list[int]]``
     Greedy: fresh state, prefill, then ``steps`` new tokens per sequence (the first from the
     prefill's last row, then ``steps - 1`` decode steps). ``np.argmax``: ties go to the lowest id.
+    A sequence ends at its first id of ``stop`` (kept); the steps end when all have ended.
 
 Free functions, the math of single pieces: ``rms1p``, ``rms_gated``, ``l2n``, ``silu``,
 ``sigmoid``, ``softplus``, ``rope``, ``gdn_recurrent`` (§4.2 step 6), ``gdn_chunked`` (§5, the
@@ -486,17 +487,26 @@ class Reference:
         lg, hd = self.forward(state, [[int(t)] for t in tokens])
         return np.concatenate(lg, axis=0), np.concatenate(hd, axis=0)
 
-    def generate(self, prompts: list[list[int]], steps: int, chunk: int | None = None) -> list[list[int]]:
-        """Greedy generation: ``steps`` new token ids per prompt (prompts must be non-empty)."""
+    def generate(self, prompts: list[list[int]], steps: int, chunk: int | None = None,
+                 stop: tuple[int, ...] = ()) -> list[list[int]]:
+        """Greedy generation: up to ``steps`` new token ids per prompt (prompts must be
+        non-empty). A sequence ends after it emits an id of ``stop`` (the id is kept); the loop
+        ends when every sequence has ended, so the lists may be shorter than ``steps``."""
         if any(len(pr) == 0 for pr in prompts):
             raise ValueError("generate: every prompt needs at least one token")
+        stop = frozenset(stop)
         st = self.new_state(len(prompts))
         lg, _ = self.prefill(st, prompts, chunk)
         nxt = [int(np.argmax(l_[-1])) for l_ in lg]
         out = [[t] for t in nxt] if steps > 0 else [[] for _ in prompts]
+        live = [bool(o) and o[-1] not in stop for o in out]
         for _ in range(steps - 1):
-            lg2, _ = self.decode(st, nxt)
+            if not any(live):
+                break
+            lg2, _ = self.decode(st, nxt)   # ended sequences still step; their tokens are dropped
             nxt = [int(t) for t in np.argmax(lg2, axis=-1)]
-            for o, t in zip(out, nxt):
-                o.append(t)
+            for b, (o, t) in enumerate(zip(out, nxt)):
+                if live[b]:
+                    o.append(t)
+                    live[b] = t not in stop
         return out

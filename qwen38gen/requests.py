@@ -136,3 +136,29 @@ def read_requests(path: Path, vocab: int, run_seed: int = 0, tokenizer=None) -> 
     if not reqs:
         raise UserError(f"prompts file {str(path)!r} holds no requests (one JSON object a line)")
     return reqs
+
+
+def prompt_requests(texts, vocab: int, tokenizer, run_seed: int = 0, chat: bool = False,
+                    think: bool = False, **params) -> list[Request]:
+    """`run --prompt TEXT ...`: one request per text (ids 0, 1, … in order), encoded with the
+    model folder's tokenizer, rendered first with its chat template when ``chat`` (``think``:
+    the template's enable_thinking). ``params``: the request fields the command line sets
+    (max_tokens, temperature, top_k, top_p, min_p, ignore_eos; None: the field's default)."""
+    if tokenizer is None:
+        raise UserError("--prompt is text, and this model has no tokenizer.json to encode it; "
+                        "give a model folder with one (--model DIR), or token ids in a file "
+                        "(--prompts FILE with \"prompt_ids\")")
+    unknown = sorted(set(params) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"prompt_requests: unknown request fields {unknown}")
+    fields = {k: v for k, v in params.items() if v is not None}
+    reqs = []
+    for n, text in enumerate(texts):
+        if not text:
+            raise UserError(f"--prompt number {n + 1} is empty; give some text")
+        if chat:
+            text = tokenizer.render_chat([{"role": "user", "content": text}],
+                                         enable_thinking=think)
+        reqs.append(parse_request({"prompt": text, **fields}, f"--prompt number {n + 1}", n,
+                                  vocab, run_seed, tokenizer))
+    return reqs
