@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qwen38gen import __version__
+from qwen38gen import report as R
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import DEFAULT_ARCH
 
@@ -27,14 +28,6 @@ from qwen38gen.lanes import DEFAULT_ARCH
 # that the bench and gate tables keep every digit in a log; a terminal keeps its own width.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
-
-
-def _mib(x: float) -> str:
-    return f"{x / 2**20:.1f} MiB"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,63 +59,13 @@ def info(model, model_opt, ctx, bandwidth, list_presets):
         raise UserError(f"--bandwidth {bandwidth:g}: the copy bandwidth must be a positive number "
                         "of bytes/s, e.g. 4.149e12")
     if list_presets:
-        _print_presets()
+        out.print(R.presets_table())
         return
     if model is not None and model_opt is not None and model != model_opt:
         raise UserError(f"info got MODEL {model!r} and --model {model_opt!r}; give one")
     cfg = resolve_model(model or model_opt or "qwen3.8-27b").config
-    t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
-    t.add_column(style="bold")
-    t.add_column()
-    t.add_row("layers", f"{cfg.num_hidden_layers}: {len(cfg.linear_layers)} Gated DeltaNet, "
-                        f"{len(cfg.full_layers)} gated attention, {cfg.mtp_num_hidden_layers} MTP")
-    t.add_row("hidden / intermediate / vocab",
-              f"{cfg.hidden_size} / {cfg.intermediate_size} / {cfg.vocab_size}")
-    t.add_row("attention", f"{cfg.num_attention_heads} q heads, {cfg.num_key_value_heads} kv heads, "
-                           f"head_dim {cfg.head_dim}, rotary {cfg.rotary_dim}")
-    t.add_row("GDN", f"{cfg.linear_num_key_heads} k heads × {cfg.linear_key_head_dim}, "
-                     f"{cfg.linear_num_value_heads} v heads × {cfg.linear_value_head_dim}, "
-                     f"conv {cfg.conv_dim} × {cfg.linear_conv_kernel_dim}")
-    t.add_row("text parameters", f"{cfg.text_params / 1e9:.3f} B")
-    t.add_row("MTP parameters", f"{cfg.mtp_params / 1e9:.3f} B")
-    t.add_row("linear weights (int4 g128)",
-              f"{cfg.linear_params / 1e9:.3f} B params = {_gb(cfg.int4_weight_bytes())}")
-    t.add_row("per-sequence state",
-              f"recurrent {_mib(cfg.recurrent_state_bytes)} fp32 + conv "
-              f"{_mib(cfg.conv_state_bytes)} bf16 + KV {cfg.kv_bytes_per_token // 1024} KiB/token")
-    out.print(t)
-    f = Table(title=f"floor of one decode step, T = {ctx}, copy bandwidth "
-                    f"{bandwidth / 1e12:.3f} TB/s (PERF.md)")
-    for c in ("B", "bytes", "step", "tok/s", "linear TFLOP"):
-        f.add_column(c, justify="right")
-    for b in (1, 16, 64):
-        s = cfg.floor_seconds(b, ctx, bandwidth)
-        f.add_row(str(b), _gb(cfg.floor_bytes(b, ctx)), f"{s * 1e3:.2f} ms", f"{b / s:,.0f}",
-                  f"{cfg.step_flops(b) / 1e12:.3f}")
-    out.print(f)
-
-
-def _print_presets() -> None:
-    from qwen38gen.config import PRESETS, PUBLISHED
-    from qwen38gen.lanes import check_model
-
-    size = {v: k for k, v in PUBLISHED.items()}
-    t = Table(title="presets (`--model NAME`; a config.json or a model folder works too)")
-    for c in ("name", "published", "layers", "hidden", "heads q/kv", "GDN heads k/v", "tied",
-              "text params", "int4 weights", "kernels"):
-        t.add_column(c, justify="left" if c in ("name", "kernels") else "right")
-    for name, cfg in PRESETS.items():
-        try:
-            check_model(cfg)
-            ok = "yes"
-        except UserError as e:
-            ok = str(e).split(": ", 1)[1].split(" is not")[0] + " not supported"
-        t.add_row(name, size.get(name, "-"), str(cfg.num_hidden_layers), str(cfg.hidden_size),
-                  f"{cfg.num_attention_heads}/{cfg.num_key_value_heads}",
-                  f"{cfg.linear_num_key_heads}/{cfg.linear_num_value_heads}",
-                  "yes" if cfg.tie_word_embeddings else "no", f"{cfg.text_params / 1e9:.3f} B",
-                  _gb(cfg.int4_weight_bytes()), ok)
-    out.print(t)
+    for t in R.info_tables(cfg, ctx, bandwidth):
+        out.print(t)
 
 
 # ------------------------------------------------------------------------------------ quantize
@@ -165,28 +108,9 @@ def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
         quantize_checkpoint(model_dir, out_dir, progress=progress, overwrite=overwrite,
                             mtp=not no_mtp, report_to=report)
     if report:
-        _print_import(report)
+        for line in R.import_lines(report):
+            out.print(line, markup=False)
     out.print(f"wrote {out_dir}")
-
-
-def _print_import(rep: dict) -> None:
-    """What an import of a pre-quantized checkpoint took from it and what it quantized here."""
-    got, here = rep["from_checkpoint"], rep["quantized_here"]
-    out.print(f"imported {rep['source_method']} int4: {len(got)} linear weights from the "
-              f"checkpoint (codes exact, {rep['source_scale_dtype'] or 'no'} scales), "
-              f"{len(here)} quantized here (int4 g128 of their float weights)")
-    if rep["source_scale_dtype"] not in ("", "bfloat16"):
-        out.print(f"scales converted to bf16: largest relative change of any weight "
-                  f"{rep['max_rel_weight_change']:.3e}")
-    import re
-    from collections import Counter
-
-    for title, names in (("from the checkpoint", got), ("quantized here", here)):
-        if names:  # one line per tensor kind, layers folded (the full list: quantization.json)
-            kinds = Counter(re.sub(r"\.layers\.\d+\.", ".layers.*.", n) for n in names)
-            out.print(f"{title}:", markup=False)
-            for k, c in kinds.items():
-                out.print(f"  {k} ×{c}", markup=False)
 
 
 # ------------------------------------------------------------------------------------ generate
@@ -402,19 +326,6 @@ def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tun
 
 
 # ----------------------------------------------------------------------------------------- gate
-def _gate_table(res) -> Table:
-    t = Table(title=f"{res.source}{'  (cached)' if res.cached else ''}")
-    for c in ("kernel", "regs", "threads", "stack", "spill st/ld", "smem", "status"):
-        t.add_column(c, justify="right" if c not in ("kernel", "status") else "left",
-                     no_wrap=c == "kernel", overflow="fold")
-    for k in res.kernels:
-        p = k.problems()
-        t.add_row(k.name, str(k.registers), str(k.threads or "-"), str(k.stack),
-                  f"{k.spill_stores}/{k.spill_loads}", str(k.smem),
-                  "[red]" + "; ".join(p) + "[/red]" if p else "[green]ok[/green]")
-    return t
-
-
 @cli.command()
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--matrix", is_flag=True, help="Emit and gate the whole lane matrix.")
@@ -461,12 +372,12 @@ def gate(files, matrix, jobs, quiet):
             continue
         except G.ResourceError as e:
             failed = True
-            out.print(_gate_table(e.result))
+            out.print(R.gate_table(e.result))
             for n in e.result.notes:
                 out.print(f"[yellow]note[/yellow] {escape(str(f))}: {escape(n)}")
             continue
         if not quiet:
-            out.print(_gate_table(res))
+            out.print(R.gate_table(res))
         for n in res.notes:
             out.print(f"[yellow]note[/yellow] {escape(str(f))}: {escape(n)}")
         where = ("every entry point resolved on the GPU" if res.loaded
@@ -837,10 +748,11 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
     from qwen38gen import launch
 
     pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
-    for t in _bench_tables(cfg, ctx, bw, rows, pdl):
+    for t in R.bench_tables(cfg, ctx, bw, rows, pdl):
         out.print(t)
     if trace:
-        _print_traces(rows)
+        for t in R.trace_tables(rows):
+            out.print(t)
     pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
     import subprocess
 
@@ -854,62 +766,6 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
-
-
-def _print_traces(rows):
-    """`bench --trace`: per B, the step's advances by kind and by GEMV weight (trace.py)."""
-    for r in rows:
-        tr = r.trace
-        t = Table(title=f"B = {r.batch}: one replay of the trace variant ({tr['variant_ms']:.3f} ms "
-                        f"a replay, the program {r.step_ms:.3f}; timer step "
-                        f"{tr['resolution_ns']:.0f} ns). Per launch: handover = its first block "
-                        "out of the wait - the previous launch's last block done; advance = its "
-                        "last block done - the previous one's; tail = its last block done - half "
-                        "of its blocks done")
-        for c in ("launches", "n", "advance ms", "handover ms", "run ms", "tail ms",
-                  "µs per launch: advance", "handover", "tail", "weights GB/s over run"):
-            t.add_column(c, justify="right")
-        for part, label in (("by_kind", None), ("by_label", None)):
-            for name, a in sorted(tr[part].items(), key=lambda kv: -kv[1]["advance"]):
-                if part == "by_label" and name in tr["by_kind"]:
-                    continue   # a kind without weights: already a row
-                n = a["n"]
-                t.add_row(name, str(n), f"{a['advance'] / 1e3:.3f}", f"{a['handover'] / 1e3:.3f}",
-                          f"{a['run'] / 1e3:.3f}", f"{a['tail'] / 1e3:.3f}",
-                          f"{a['advance'] / n:.1f}", f"{a['handover'] / n:.1f}",
-                          f"{a['tail'] / n:.1f}",
-                          f"{a['gbs_run']:,.0f}" if a.get("gbs_run") else "-")
-            if part == "by_kind":
-                t.add_section()
-        t.add_row("step", "", f"{tr['step_us'] / 1e3:.3f}")
-        out.print(t)
-
-
-def _bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
-    """bench's two tables: the step against the floor with each kind's share, then each kind's
-    launches as a graph of their own. Numeric cells fold rather than lose digits to an ellipsis
-    when the console is narrower than the table."""
-    t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
-                    f"(measured in this run), programmatic dependent launch {pdl}")
-    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
-              "gemv", "delta rule", "attention", "rest"):
-        t.add_column(c, justify="right", overflow="fold")
-    for r in rows:
-        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
-        t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
-                  f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
-    g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
-                    "floor bytes (weights / state / KV) over that time")
-    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
-        g.add_column(c, justify="right", overflow="fold")
-    for r in rows:
-        cells = []
-        for k in ("gemv", "delta rule", "attention", "rest"):
-            ms = r.graph_ms.get(k)
-            gb = r.kind_gbs.get(k)
-            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
-        g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
-    return [t, g]
 
 
 def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):

@@ -89,13 +89,13 @@ def test_bench_tables_keep_every_digit():
 
     from rich.console import Console
 
-    import cli
+    from qwen38gen import report as R
     from qwen38gen.bench import BenchRow
     from qwen38gen.config import PRESETS
 
     d = json.loads((Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json").read_text())
     rows = [BenchRow(**{**r, "step_ms_spread": tuple(r["step_ms_spread"])}) for r in d["rows"]]
-    tables = cli._bench_tables(PRESETS["qwen3.8-27b"], d["ctx"], d["copy_bandwidth"], rows, "on")
+    tables = R.bench_tables(PRESETS["qwen3.8-27b"], d["ctx"], d["copy_bandwidth"], rows, "on")
 
     def render(width):
         buf = io.StringIO()

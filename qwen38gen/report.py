@@ -1,0 +1,168 @@
+"""The command line's tables (rich): what `info`, `gate`, `quantize` and `bench` print.
+
+Each function builds tables or lines from the package's results; cli.py prints them.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from .errors import UserError
+
+
+def gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB"
+
+
+def info_tables(cfg, ctx: int, bandwidth: float) -> list[Table]:
+    """`info`: the geometry, sizes and state of cfg, then the floor at B = 1, 16, 64."""
+    t = Table(title=f"{cfg.name}  (config hash {cfg.hash})", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("layers", f"{cfg.num_hidden_layers}: {len(cfg.linear_layers)} Gated DeltaNet, "
+                        f"{len(cfg.full_layers)} gated attention, {cfg.mtp_num_hidden_layers} MTP")
+    t.add_row("hidden / intermediate / vocab",
+              f"{cfg.hidden_size} / {cfg.intermediate_size} / {cfg.vocab_size}")
+    t.add_row("attention", f"{cfg.num_attention_heads} q heads, {cfg.num_key_value_heads} kv heads, "
+                           f"head_dim {cfg.head_dim}, rotary {cfg.rotary_dim}")
+    t.add_row("GDN", f"{cfg.linear_num_key_heads} k heads × {cfg.linear_key_head_dim}, "
+                     f"{cfg.linear_num_value_heads} v heads × {cfg.linear_value_head_dim}, "
+                     f"conv {cfg.conv_dim} × {cfg.linear_conv_kernel_dim}")
+    t.add_row("text parameters", f"{cfg.text_params / 1e9:.3f} B")
+    t.add_row("MTP parameters", f"{cfg.mtp_params / 1e9:.3f} B")
+    t.add_row("linear weights (int4 g128)",
+              f"{cfg.linear_params / 1e9:.3f} B params = {gb(cfg.int4_weight_bytes())}")
+    t.add_row("per-sequence state",
+              f"recurrent {mib(cfg.recurrent_state_bytes)} fp32 + conv "
+              f"{mib(cfg.conv_state_bytes)} bf16 + KV {cfg.kv_bytes_per_token // 1024} KiB/token")
+    f = Table(title=f"floor of one decode step, T = {ctx}, copy bandwidth "
+                    f"{bandwidth / 1e12:.3f} TB/s (PERF.md)")
+    for c in ("B", "bytes", "step", "tok/s", "linear TFLOP"):
+        f.add_column(c, justify="right")
+    for b in (1, 16, 64):
+        s = cfg.floor_seconds(b, ctx, bandwidth)
+        f.add_row(str(b), gb(cfg.floor_bytes(b, ctx)), f"{s * 1e3:.2f} ms", f"{b / s:,.0f}",
+                  f"{cfg.step_flops(b) / 1e12:.3f}")
+    return [t, f]
+
+def presets_table() -> Table:
+    """The presets: geometry, size, and whether the kernels take them (`info --list`)."""
+    from qwen38gen.config import PRESETS, PUBLISHED
+    from qwen38gen.lanes import check_model
+
+    size = {v: k for k, v in PUBLISHED.items()}
+    t = Table(title="presets (`--model NAME`; a config.json or a model folder works too)")
+    for c in ("name", "published", "layers", "hidden", "heads q/kv", "GDN heads k/v", "tied",
+              "text params", "int4 weights", "kernels"):
+        t.add_column(c, justify="left" if c in ("name", "kernels") else "right")
+    for name, cfg in PRESETS.items():
+        try:
+            check_model(cfg)
+            ok = "yes"
+        except UserError as e:
+            ok = str(e).split(": ", 1)[1].split(" is not")[0] + " not supported"
+        t.add_row(name, size.get(name, "-"), str(cfg.num_hidden_layers), str(cfg.hidden_size),
+                  f"{cfg.num_attention_heads}/{cfg.num_key_value_heads}",
+                  f"{cfg.linear_num_key_heads}/{cfg.linear_num_value_heads}",
+                  "yes" if cfg.tie_word_embeddings else "no", f"{cfg.text_params / 1e9:.3f} B",
+                  gb(cfg.int4_weight_bytes()), ok)
+    return t
+
+
+def import_lines(rep: dict) -> list[str]:
+    """What an import of a pre-quantized checkpoint took from it and what it quantized here, as
+    plain lines."""
+    lines = []
+    got, here = rep["from_checkpoint"], rep["quantized_here"]
+    lines.append(f"imported {rep['source_method']} int4: {len(got)} linear weights from the "
+              f"checkpoint (codes exact, {rep['source_scale_dtype'] or 'no'} scales), "
+              f"{len(here)} quantized here (int4 g128 of their float weights)")
+    if rep["source_scale_dtype"] not in ("", "bfloat16"):
+        lines.append(f"scales converted to bf16: largest relative change of any weight "
+                  f"{rep['max_rel_weight_change']:.3e}")
+    import re
+    from collections import Counter
+
+    for title, names in (("from the checkpoint", got), ("quantized here", here)):
+        if names:  # one line per tensor kind, layers folded (the full list: quantization.json)
+            kinds = Counter(re.sub(r"\.layers\.\d+\.", ".layers.*.", n) for n in names)
+            lines.append(f"{title}:")
+            for k, c in kinds.items():
+                lines.append(f"  {k} ×{c}")
+    return lines
+
+
+def gate_table(res) -> Table:
+    """One gated file's kernels: registers, threads, stack, spills, shared memory, problems."""
+    t = Table(title=f"{res.source}{'  (cached)' if res.cached else ''}")
+    for c in ("kernel", "regs", "threads", "stack", "spill st/ld", "smem", "status"):
+        t.add_column(c, justify="right" if c not in ("kernel", "status") else "left",
+                     no_wrap=c == "kernel", overflow="fold")
+    for k in res.kernels:
+        p = k.problems()
+        t.add_row(k.name, str(k.registers), str(k.threads or "-"), str(k.stack),
+                  f"{k.spill_stores}/{k.spill_loads}", str(k.smem),
+                  "[red]" + "; ".join(p) + "[/red]" if p else "[green]ok[/green]")
+    return t
+
+
+def trace_tables(rows) -> list[Table]:
+    """`bench --trace`: per B, the step's advances by kind and by GEMV weight (trace.py)."""
+    tables = []
+    for r in rows:
+        tr = r.trace
+        t = Table(title=f"B = {r.batch}: one replay of the trace variant ({tr['variant_ms']:.3f} ms "
+                        f"a replay, the program {r.step_ms:.3f}; timer step "
+                        f"{tr['resolution_ns']:.0f} ns). Per launch: handover = its first block "
+                        "out of the wait - the previous launch's last block done; advance = its "
+                        "last block done - the previous one's; tail = its last block done - half "
+                        "of its blocks done")
+        for c in ("launches", "n", "advance ms", "handover ms", "run ms", "tail ms",
+                  "µs per launch: advance", "handover", "tail", "weights GB/s over run"):
+            t.add_column(c, justify="right")
+        for part, label in (("by_kind", None), ("by_label", None)):
+            for name, a in sorted(tr[part].items(), key=lambda kv: -kv[1]["advance"]):
+                if part == "by_label" and name in tr["by_kind"]:
+                    continue   # a kind without weights: already a row
+                n = a["n"]
+                t.add_row(name, str(n), f"{a['advance'] / 1e3:.3f}", f"{a['handover'] / 1e3:.3f}",
+                          f"{a['run'] / 1e3:.3f}", f"{a['tail'] / 1e3:.3f}",
+                          f"{a['advance'] / n:.1f}", f"{a['handover'] / n:.1f}",
+                          f"{a['tail'] / n:.1f}",
+                          f"{a['gbs_run']:,.0f}" if a.get("gbs_run") else "-")
+            if part == "by_kind":
+                t.add_section()
+        t.add_row("step", "", f"{tr['step_us'] / 1e3:.3f}")
+        tables.append(t)
+    return tables
+
+
+def bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
+    """bench's two tables: the step against the floor with each kind's share, then each kind's
+    launches as a graph of their own. Numeric cells fold rather than lose digits to an ellipsis
+    when the console is narrower than the table."""
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
+                    f"(measured in this run), programmatic dependent launch {pdl}")
+    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
+              "gemv", "delta rule", "attention", "rest"):
+        t.add_column(c, justify="right", overflow="fold")
+    for r in rows:
+        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
+        t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
+                  f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
+    g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
+                    "floor bytes (weights / state / KV) over that time")
+    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
+        g.add_column(c, justify="right", overflow="fold")
+    for r in rows:
+        cells = []
+        for k in ("gemv", "delta rule", "attention", "rest"):
+            ms = r.graph_ms.get(k)
+            gb = r.kind_gbs.get(k)
+            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
+        g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
+    return [t, g]
