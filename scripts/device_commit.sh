@@ -8,15 +8,16 @@
 # commit on their first line. They become one log, bench/DAY-h200-V-verify.log: that commit line,
 # the parts in order, and one summary table of every part's rows at the end. bench.json,
 # bench.png and bench.txt become bench/DAY-h200-V.json, .png and -bench.txt. The files they
-# replace (tracked files under bench/ matching OLD, by default version 20's json, png and bench
-# text and the version 21 device log) are `git rm`ed and the new ones `git add`ed; nothing is
+# replace (tracked files under bench/ matching OLD, by default version 20's png and bench text and
+# the version 21 device log; version 20's json stays: the timing model is calibrated on it and
+# tests read it) are `git rm`ed and the new ones `git add`ed; nothing is
 # committed. DAY: today (UTC) unless set.
 set -euo pipefail
 die() { echo "error: $*" >&2; exit 2; }
 [ $# -ge 1 ] || die "give the folders the device calls returned: make device-commit OUT=\"DIR1 DIR2\""
 V=${V:-v23}
 DAY=${DAY:-$(date -u +%F)}
-OLD=${OLD:--v20(\.json|\.png|-bench\.txt)$|-v21-}
+OLD=${OLD:--v20(\.png|-bench\.txt)$|-v21-}
 [[ "$V" =~ ^[A-Za-z0-9._-]+$ ]] || die "V=$V: give a version tag of letters, digits, '.', '_', '-' (e.g. v23)"
 
 logs=()

@@ -207,7 +207,8 @@ def _commit(repo, *dirs, **env):
 def test_device_commit_files_two_calls_as_one_log(tree, repo, tmp_path):
     """Two device calls (tests, then rest: each its own files_at folder) -> one log that starts
     with the commit, holds both parts and ends with every row; bench files replace version 20's
-    and the version 21 log, staged."""
+    png and bench text and the version 21 log (its json stays: the timing model's calibration),
+    staged."""
     out1, out2 = tmp_path / "call1", tmp_path / "call2"
     p, _ = verify(tree, "tests", CHECK_B="1", MTP_CHECK_B="")
     shutil.move(tree.parent / "out", out1)
@@ -233,7 +234,7 @@ def test_device_commit_files_two_calls_as_one_log(tree, repo, tmp_path):
     assert status == sorted([
         "A  bench/2026-12-06-h200-v23-verify.log", "A  bench/2026-12-06-h200-v23.json",
         "A  bench/2026-12-06-h200-v23.png", "A  bench/2026-12-06-h200-v23-bench.txt",
-        "D  bench/2026-12-04-h200-v20.json", "D  bench/2026-12-04-h200-v20.png",
+        "D  bench/2026-12-04-h200-v20.png",
         "D  bench/2026-12-04-h200-v20-bench.txt",
         "D  bench/2026-12-04-h200-v21-pp2-mb4-store-ab.txt"])
     assert f"commit {HASH}: NOT in this checkout's history" in c.stdout
