@@ -162,9 +162,7 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 // One warp's A fragments of its m-tile for one group (wgmma_q4, wgmma_sk_q4), dequantized from
 // its ring slot: 64 uint4 of codes (lane l's 16 bytes of k-tile h at [32h + l]) then 2 uint4 of
 // the m-tile's 16 bf16 scales. wgmma_slot_codes unpacks the codes (scripts/wgmma_rate.cuh
-// measures it alone); wgmma_slot_a also gives sw the scales of rows g and g+8, packed. RAW (an
-// ablation of scripts/gemv_sweep.py only): the code words as they are, no unpacking.
-template <bool RAW = false>
+// measures it alone); wgmma_slot_a also gives sw the scales of rows g and g+8, packed.
 __device__ __forceinline__ void wgmma_slot_codes(const uint4* slot, int lane, uint32_t (&a)[8][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -173,12 +171,11 @@ __device__ __forceinline__ void wgmma_slot_codes(const uint4* slot, int lane, ui
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[4 * h + i][j] = RAW ? wi[i] + j : q4_pair(wi[i], j);
+      for (int j = 0; j < 4; ++j) a[4 * h + i][j] = q4_pair(wi[i], j);
   }
 }
-template <bool RAW = false>
 __device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32_t (&a)[8][4], uint32_t& sw) {
-  wgmma_slot_codes<RAW>(slot, lane, a);
+  wgmma_slot_codes(slot, lane, a);
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
   const int g = lane >> 2;
   sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
@@ -205,12 +202,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
-// tile order; PP: two register sets in flight. AB: ablations for scripts/gemv_sweep.py only,
-// timing without a part of the work (wrong results; 0 in every program): bit 1 no wgmma, 2 no
-// dequant (raw words as A), 4 no scaling, 8 no activation-tile copies and 16 no weight copies
-// after the first stages, 32 no block barrier.
-template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0,
-          int AB = 0>
+// tile order; PP: two register sets in flight.
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
@@ -341,14 +334,13 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     constexpr int p = decltype(P)::value;
     cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
     fence_proxy_async();     // this thread's activation stores visible to the tensor cores
-    if constexpr (!(AB & 32))
-      __syncthreads();       // ... everyone's, and group gi's activation tile; the weight stage of
+    __syncthreads();         // ... everyone's, and group gi's activation tile; the weight stage of
                              // group gi+D-XS (gi-1, or gi-2 with PP = 1) is free, and so is
                              // its activation tile (its wgmmas were waited for before this
                              // barrier)
     if (gi + D < ge) {
-      if constexpr (!(AB & 16)) load_w(s_fill, gi + D);
-      if constexpr (XT && !(AB & 8)) load_xt(s_fill, gi + D);
+      load_w(s_fill, gi + D);
+      if constexpr (XT) load_xt(s_fill, gi + D);
     }
     cp_async_commit();
     s_fill = s_fill == XS - 1 ? 0 : s_fill + 1;
@@ -361,7 +353,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB) +
                       warp * MW * 66;
 #pragma unroll
-    for (int b = 0; b < MW; ++b) wgmma_slot_a<(AB & 2) != 0>(ws + b * 66, lane, a[p][b], sw[p][b]);
+    for (int b = 0; b < MW; ++b) wgmma_slot_a(ws + b * 66, lane, a[p][b], sw[p][b]);
     uint64_t desc[8];
     wgmma_group_descs<NT, MW>(desc0, xs * XB, a[p], desc);
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
@@ -370,7 +362,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     for (int k = 0; k < 8; ++k)
 #pragma unroll
       for (int b = 0; b < MW; ++b)
-        if constexpr (!(AB & 1)) Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
+        Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
     wgmma_commit();
   };
   // Group gd's wgmmas are done: scale its partials into acc, close its part.
@@ -379,7 +371,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
       wgmma_fence_regs<NT>(pt[p][b]);
-      if constexpr (!(AB & 4)) q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
+      q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
     }
     if (KS > 1 && gd + 1 == part_end) {
       // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's

@@ -87,7 +87,7 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
     nt = btg // 8
     smem = gemv_smem(k, mt, st, a, zs)
     tmpl = (f"{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}"
-            + (f", 0, {ms}, {zs}" if zs > 1 else f", 0, {ms}" if ms else ""))
+            + (f", {ms}, {zs}" if zs > 1 else f", {ms}" if ms else ""))
     return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
                  + (f"_ms{ms}" if ms else "") + (f"_z{zs}" if zs > 1 else ""),
                  call=f"q38::gemv_q4<{tmpl}>",
