@@ -221,10 +221,10 @@ class ScheduleBuilder:
         if self.K:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, self.RS, int(verify),
                                           self.SLOTS, tnt=tnt))
-            L = gdn_launch(cfg, pt, self.tuning, self.RS)
+            L = gdn_launch(cfg, pt, self.RS)
         else:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, batch=B, tnt=tnt))
-            L = gdn_launch(cfg, pt, self.tuning)
+            L = gdn_launch(cfg, pt)
         n = self.linear_index[i]
         return {"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                 "args": [buf("proj"), ["i32", self.n_in], buf("proj", C + Cv),
