@@ -96,7 +96,7 @@ def attn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts, tnt: 
                         f"{arch.name} may have; use a smaller attn_st")
     targs = f"{d}, {h}, {hkv}, {pt}, {ATTN_TC_NW}, {st}, {ATTN_SPLIT}, {mb}"
     A = f"q38::AttnTcLaunch<{targs}>"
-    call = f"q38::attn_tc<{targs}" + (f", 1, {tnt}>" if tnt else ">")
+    call = f"q38::attn_tc<{targs}" + (f", {tnt}>" if tnt else ">")
     return Entry(
         f"q38_attn_tc_pt{pt}" + (f"_t{tnt}" if tnt else ""), call, ATTN_PARAMS, threads,
         smem=smem, min_blocks=mb,
