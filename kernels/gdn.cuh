@@ -66,7 +66,7 @@
 // ring slots of the K-1 positions before this token and norm_w; the gate constants. After the
 // wait only mz and ba remain to be read, so under PDL one L2 round trip separates the previous
 // kernel's end from the conv (the conv and gates' chain of loads was the block's critical path:
-// ncu, bench/NOTES.md version 6). GE >= 0 (the decode step since version 17) changes when the
+// ncu, docs/PERFORMANCE.md, version 6). GE >= 0 (the decode step since version 17) changes when the
 // state is asked for: after the conv's copies, and only GE of a thread's rows before the conv
 // (its small requests and its shared-memory traffic otherwise wait behind 64 KiB of state loads
 // per block in the SM's memory-instruction queue).
@@ -83,9 +83,9 @@
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
 //   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
 //   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
-//   Version 17 (scripts/gdn_bench.py, µs under PDL): GE = 4 (below) 31.8 at B = 16, 114.5 at
-//   B = 64 against 35.2 and 126.1 with every state row first; the state traffic alone, in the
-//   same blocks, 26.0 and 101.9 (scripts/gdn_stream.cuh).
+//   Version 17 (scripts/gdn_bench.py, in dd8da46; µs under PDL): GE = 4 (below) 31.8 at B = 16,
+//   114.5 at B = 64 against 35.2 and 126.1 with every state row first; the state traffic alone,
+//   in the same blocks, 26.0 and 101.9 (scripts/gdn_stream.cuh, in dd8da46).
 //
 // Compiles alone (syntax only):
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gdn.cuh -o /dev/null
@@ -265,9 +265,9 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   float4 S[RW];
   // When the state loads are issued (the same bits whichever): GE = -1, every row first. GE >= 0:
   // the conv's copies below first (queued behind 64 KiB of state loads per block they held up
-  // the conv: bench/NOTES.md, version 17), then rows [0, GE), the others once the conv is done;
-  // but the first GW blocks (the first wave, which may be resident while the kernel before this
-  // one still runs, so that the early loads use its DRAM time) take every row early.
+  // the conv: docs/PERFORMANCE.md, version 17), then rows [0, GE), the others once the conv is
+  // done; but the first GW blocks (the first wave, which may be resident while the kernel before
+  // this one still runs, so that the early loads use its DRAM time) take every row early.
   static_assert(GE >= -1 && GE <= RW && GW >= 0, "gdn: -1 <= GE <= DK/8, GW >= 0");
   const bool all_early = GE < 0 || (GW > 0 && blockIdx.x < (unsigned)GW);
   auto load_state = [&](bool late) {  // (a constant at each call: the loop folds)

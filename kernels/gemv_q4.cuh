@@ -24,7 +24,7 @@
 //   z*KS/ZS + w, and the parts are added in the same order through distributed shared memory,
 //   so the bits do not change. For weights whose row blocks fill the GPU in about one wave (the
 //   out and down projections: 320 blocks on 132 SMs, two or three per SM) smaller blocks even
-//   out the SMs' shares (bench/NOTES.md, version 12).
+//   out the SMs' shares (docs/PERFORMANCE.md, version 12).
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemv_q4.cuh -o /dev/null
@@ -322,7 +322,7 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
 // V values of a thread, value(v) to where index(v, n, r) says, with gemv_store's arithmetic.
 // EPI_ADD: every residual is loaded before any value is stored. Stored one by one, each residual's
 // load waits for the store before it (y may alias): a dependent L2 round trip per value, at the
-// end of the launch (bench/NOTES.md, version 20; same bits).
+// end of the launch (docs/PERFORMANCE.md, version 20; same bits).
 template <int EPI, int V, class Index, class Value>
 __device__ __forceinline__ void gemv_store_all(bf16* y, int ldy, int N, int R, Index index, Value value) {
   float old[V];

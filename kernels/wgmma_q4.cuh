@@ -4,7 +4,7 @@
 //
 // gemv_q4 and gemm_q4 feed mma.sync.m16n8k16 one warp and one 8-row n-tile at a time: at 32-64
 // activation rows that is 4-8 mma per dequantized A fragment, ~26 cycles per mma per SM
-// sub-partition (bench/NOTES.md, version 3). Here the four warps of a warpgroup own 64 output
+// sub-partition (docs/PERFORMANCE.md, version 3). Here the four warps of a warpgroup own 64 output
 // rows (one m-tile each) and one wgmma.m64nNk16 instruction multiplies their A fragments, in
 // registers, by the whole activation tile (N = 8*NT rows), read by the tensor cores from shared
 // memory (NT = 1, 2, 3, 4 or 8: the 8- to 64-row tiles, 24 rows since version 16). WG warpgroups
@@ -34,15 +34,15 @@
 // SwiGLU that produces it: xtile_store in common.cuh): tile (blockIdx.y, g) is the group's
 // x_stage_bytes, contiguous, and is copied by cp.async into the weight ring's stage with the
 // group's weights, XS - 1 groups ahead, with no registers, transpose or shared stores. On the
-// H200 that took the 64-row in projections from 49 to 31 us (bench/NOTES.md, version 7).
+// H200 that took the 64-row in projections from 49 to 31 us (docs/PERFORMANCE.md, version 7).
 //
 // PP = 1 (with XT = 1): two register sets (A fragments, scales, partials) used by alternate
 // groups, so group g's wgmmas are waited for (wait_group 1) only after group g+1's are issued;
 // the ring then copies XS - 2 groups ahead, since group g-1's wgmmas may still read their stage.
 // Written as a steady-state loop over two compile-time sets, ptxas keeps the wgmmas async (no
-// C751x serialization). It wins for the 32-row in projections (bench/NOTES.md, version 7). Where
-// a launch has many blocks (gate_up, the lm_head, split-K down projections), one warpgroup per
-// block with two or three ring stages at three or four blocks per SM (MB) does better: more
+// C751x serialization). It wins for the 32-row in projections (docs/PERFORMANCE.md, version 7).
+// Where a launch has many blocks (gate_up, the lm_head, split-K down projections), one warpgroup
+// per block with two or three ring stages at three or four blocks per SM (MB) does better: more
 // independent per-group chains per SM (version 8).
 //
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
@@ -242,7 +242,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       if (lane < 2) cp_async16_s(d + (b * 66 + 64) * 16, ssrc[b] + gi * 16);  // slots 64, 65: scales
     }
   };
-  // XT = 1: x is already in tile order (ops.tile_activations: tile (blockIdx.y, gi) is XB
+  // XT = 1: x is already in tile order (weights.tile_activations: tile (blockIdx.y, gi) is XB
   // contiguous bytes), and a group's tile is copied into its ring stage with its weights.
   auto load_xt = [&](int s, int gi) {
     const char* src = reinterpret_cast<const char*>(x) + ((size_t)blockIdx.y * NG + gi) * XB;
@@ -440,7 +440,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     // same run, old against new): 64 rows U = 8, B = 64 18.13 -> 17.37; 32 rows U = 4, B = 32
     // 11.92 -> 11.60. 24 rows U = 2 (B = 24 10.39 -> 10.35): at U = 8 the 24-row instance took
     // 109 registers, four blocks per SM instead of five, and its 640 blocks no longer fit one
-    // wave (B = 24 +0.48 ms); U = 8 at 32 rows spills (bench/NOTES.md, version 20).
+    // wave (B = 24 +0.48 ms); U = 8 at 32 rows spills (docs/PERFORMANCE.md, version 20).
     split_merge_store<KS, EPI, NT == 8 ? 8 : NT == 4 ? 4 : 2>(V, T, pslot, out_index, y, ldy, N, R);
   } else {
     gemv_store_all<EPI, V>(y, ldy, N, R, out_index,
