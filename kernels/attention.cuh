@@ -33,13 +33,13 @@
 //              so one pair of buffers serves every attention layer launched on a stream.
 //   Split: a row's n slots are cut into ns(n) = ⌈n / span(n)⌉ splits of span(n) slots,
 //   span(n) = split · ⌈⌈n / split⌉ / max_splits⌉ (split = SP, max_splits = 32; the program's SP,
-//   ops.ATTN_SPLIT, is 256: 256-slot splits up to n = 8192, then at most 32 splits of a whole
-//   number of 256-slot tiles). It depends on n only, never on B or the grid, so a row's bits are
-//   the same at every batch size (AttnSplitRule).
-//   Grid (gx, B*HKV, PT), gx ≥ 1 free (ops.attn_grid_x): block x computes splits x, x + gx, … of
-//   its row, one after the other (blocks with x ≥ ns exit at once). Which block computes a split
-//   changes no bit of it. One split (n ≤ SP): the block gates and writes o as bf16 itself (no
-//   scratch, no counter). Several: each block writes its splits' partials (M, L, o) and counts
+//   plan.attention.ATTN_SPLIT, is 256: 256-slot splits up to n = 8192, then at most 32 splits
+//   of a whole number of 256-slot tiles). It depends on n only, never on B or the grid, so a
+//   row's bits are the same at every batch size (AttnSplitRule).
+//   Grid (gx, B*HKV, PT), gx ≥ 1 free (plan.attention.attn_grid_x): block x computes splits x,
+//   x + gx, … of its row, one after the other (blocks with x ≥ ns exit at once). Which block
+//   computes a split changes no bit of it. One split (n ≤ SP): the block gates and writes o as
+//   bf16 itself (no scratch, no counter). Several: each block writes its splits' partials (M, L, o) and counts
 //   them in arrivals; the last to arrive merges all of them in split order (attn_merge_splits).
 //   fp32 throughout. Deterministic: no float atomics, fixed merge orders.
 //

@@ -25,15 +25,15 @@
 //
 // Template parameters: D = 256, H, HKV (G = H/HKV ≤ 8), PT; knobs NW (warps, a power of two ≥ 2),
 // ST (ring stages, ≥ 2, ST − 1 block steps in flight), SP (slots per split, a multiple of 16·NW),
-// MB (min blocks per SM for __launch_bounds__, 0: not given), QC (QK chains per 8-slot score
-// tile: 1, one chain of 16 mmas, the only value left; version 10's two chains of 8 lost and left
-// with issue 30, and QC goes once the planner no longer passes it), TNT (0: o in rows; > 0: o in
+// MB (min blocks per SM for __launch_bounds__, 0: not given), TNT (0: o in rows; > 0: o in
 // wgmma_q4's activation tile order for 8·TNT-row tiles, which the out projection reads with
-// XT = 1; the same values, only where they go changes).
+// XT = 1; the same values, only where they go changes). The QK product of an 8-slot score tile
+// is one chain of 16 mmas (version 10's two chains of 8, QC = 2, lost; the parameter is in
+// dd8da46).
 // Launch: grid (gx, B·HKV, PT) (attention.cuh), block AttnTcLaunch::threads, dynamic smem
 // AttnTcLaunch::dyn_smem_bytes (the caller raises the function's limit above 48 KiB), static
-// smem a few hundred bytes. The program's schedule (ops.ATTN_TC_*): NW 4, ST 2, SP 256, QC 1,
-// 157 KiB of shared memory, one block per SM.
+// smem a few hundred bytes. The program's schedule (qwen38gen/plan/attention.py, Tuning's
+// attn_st and attn_mb): NW 4, ST 2, SP 256, 157 KiB of shared memory, one block per SM.
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/attention_tc.cuh -o /dev/null
@@ -87,7 +87,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 template <int D, int H, int HKV, int PT, int NW = 4, int ST = 2, int SP = 64, int MB = 0,
-          int QC = 1, int TNT = 0>
+          int TNT = 0>
 __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf16* __restrict__ qkv,
                                         int ld, const bf16* __restrict__ kc,
                                         const bf16* __restrict__ vc, int tmax,
@@ -97,7 +97,6 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   static_assert(D == 256, "attn_tc: 16 k-steps of QK and 16 m-tiles of PV per head");
   static_assert(H % HKV == 0 && H / HKV <= 8, "attn_tc: at most 8 query heads per kv head");
   static_assert(ST >= 2, "attn_tc: a ring of >= 2 stages");
-  static_assert(QC == 1, "attn_tc: one QK chain per n-tile");
   using L = AttnTcLaunch<D, H, HKV, PT, NW, ST, SP, MB>;
   constexpr int G = L::G, PF = L::part_floats, NT = L::threads, STEP = L::step;
   constexpr int CPS = 2 * D / 8;  // 16-byte chunks per slot row: K 0 … 31, V 32 … 63

@@ -80,7 +80,7 @@ __device__ __forceinline__ void pdl_wait() {
 // after pdl_wait: under programmatic dependent launch that kernel may still be running when this
 // one starts, and an __ldg (ld.global.nc, an invariant load to the compiler) may be hoisted above
 // griddepcontrol.wait. That happened in wgmma_q4: the 64-row program failed `check` with PDL on
-// and passed with QWEN38_PDL=0 (bench/NOTES.md, version 4).
+// and passed with QWEN38_PDL=0 (docs/PERFORMANCE.md, version 4).
 __device__ __forceinline__ uint4 ld_after_wait16(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"

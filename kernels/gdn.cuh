@@ -66,34 +66,26 @@
 // ring slots of the K-1 positions before this token and norm_w; the gate constants. After the
 // wait only mz and ba remain to be read, so under PDL one L2 round trip separates the previous
 // kernel's end from the conv (the conv and gates' chain of loads was the block's critical path:
-// ncu, bench/NOTES.md version 6). GE >= 0 (the decode step since version 17) changes when the
+// ncu, docs/PERFORMANCE.md, version 6). GE >= 0 (the decode step since version 17) changes when the
 // state is asked for: after the conv's copies, and only GE of a thread's rows before the conv
 // (its small requests and its shared-memory traffic otherwise wait behind 64 KiB of state loads
 // per block in the SM's memory-instruction queue).
-//
-// SR > 0: the last SR of a thread's DK/8 state rows live in its own float4 slots of shared
-// memory (cp.async'd after the conv's copies, in their own commit group, so the conv does not
-// wait for them), the rest in registers: 12 of 16 take a thread to 79 registers and fit three
-// blocks of 256 threads per SM (min_blocks 768 / threads) in 76 KB of shared memory each. The
-// arithmetic and its order are unchanged, so are the bits (tests/gpu/test_gdn_kernels.py).
 //
 // Launch (GdnLaunch below holds the same numbers as constexpr):
 //   grid  = B · HV · NS blocks (1-D), cluster = NS blocks along x (compile-time
 //           __cluster_dims__, so a plain cuLaunchKernel works), NS <= 8 (portable size)
 //   block = threads = round_up(8 · DV/NS / 4, 32)  (DV = 128: NS = 1, 2, 4 → 256, 128, 64);
 //           entry __launch_bounds__(threads, min_blocks), min_blocks = 512 / threads
-//           (SR > 0: 768 / threads)
 //   dynamic smem = smem_bytes = 16·(RS + 2K − 1)·groups + 4·(PT·(2·DK + 3·DV/NS + 6) + 33·DV/NS)
-//           bytes, groups = (2·DK + DV/NS)/8 (SR > 0: rounded up to 16 bytes, plus
-//           16·SR·threads); above 48 KiB the caller sets
+//           bytes, groups = (2·DK + DV/NS)/8; above 48 KiB the caller sets
 //           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first.
 //           (DK = DV = 128, K = 4, NS = 1: 24576 + 2584·PT bytes; PT = 1: 27 KB, 16: 66 KB)
 // 27B decode on an H200 (graph of 48 launches, state read + write vs 4.28 TB/s copy):
 //   NS = 1 (48·B blocks of 256 threads): B = 16 36.3 µs (65%), B = 64 131.8 µs (71%);
 //   B = 1 is latency-bound, 6.9–7.3 µs for NS = 1, 2, 4 alike (NS = 2 best by 0.4 µs).
-//   Version 17 (scripts/gdn_bench.py, µs under PDL): GE = 4 (below) 31.8 at B = 16, 114.5 at
-//   B = 64 against 35.2 and 126.1 with every state row first; the state traffic alone, in the
-//   same blocks, 26.0 and 101.9 (scripts/gdn_stream.cuh).
+//   Version 17 (scripts/gdn_bench.py, in dd8da46; µs under PDL): GE = 4 (below) 31.8 at B = 16,
+//   114.5 at B = 64 against 35.2 and 126.1 with every state row first; the state traffic alone,
+//   in the same blocks, 26.0 and 101.9 (scripts/gdn_stream.cuh, in dd8da46).
 //
 // Compiles alone (syntax only):
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gdn.cuh -o /dev/null
@@ -108,7 +100,7 @@ namespace q38 {
 
 // DK, DV: key / value head dims; HK, HV: key / value heads; K: conv width;
 // PT: rows per sequence (1 = decode); NS: column slices per v-head (parallelism at small B).
-template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int SR = 0>
+template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1>
 struct GdnLaunch {
   static_assert(HV % HK == 0, "gdn: HV must be a multiple of HK");
   static_assert(K >= 2, "gdn: conv width K must be at least 2");
@@ -125,10 +117,7 @@ struct GdnLaunch {
   static constexpr int warps = threads / 32;
   // Blocks per SM for the entry's __launch_bounds__(threads, min_blocks): caps a thread at 128
   // registers (what it needs; without the cap ptxas takes ~130 and fits one block fewer per SM).
-  // SR > 0: the last SR of a thread's DK/8 state rows live in shared memory instead, which takes
-  // the registers to <= 80 and fits three blocks of 256 threads per SM.
-  static_assert(SR >= 0 && SR < DK / 8, "gdn: 0 <= SR < DK/8 state rows in shared memory");
-  static constexpr int min_blocks = threads >= 512 ? 1 : (SR ? 768 : 512) / threads;
+  static constexpr int min_blocks = threads >= 512 ? 1 : 512 / threads;
   static constexpr int cluster = NS;                    // the NS slices of one v-head
   static_assert(cluster <= 8, "gdn: NS must be <= 8 (portable cluster size)");
   static constexpr int readers = ratio * NS;            // blocks that read one key head's q/k ring
@@ -154,8 +143,7 @@ struct GdnLaunch {
   static constexpr int off_ik = off_iq + PT;            // [PT] 1/‖k‖
   static constexpr int off_rstd = off_ik + PT;          // [PT] 1/√(mean(o²)+eps)
   static constexpr int off_ssq = off_rstd + PT;         // [PT] this block's Σo² (read by the cluster)
-  static constexpr int off_st = SR ? (off_ssq + PT + 3) / 4 * 4 : off_ssq + PT;  // float4 [SR][threads]
-  static constexpr int smem_floats = off_st + 4 * SR * threads;
+  static constexpr int smem_floats = off_ssq + PT;
   static constexpr int smem_bytes = 4 * smem_floats;
   static constexpr int blocks_per_seq = HV * NS;
 };
@@ -212,7 +200,7 @@ __device__ __forceinline__ uint4 conv8(const bf16* __restrict__ mz, int ld_mz, s
 //                                                 q38::GdnLaunch<...>::min_blocks)
 //   __cluster_dims__(q38::GdnLaunch<...>::cluster, 1, 1) NAME(ARGS) { q38::gdn_chunk<...>(ARGS); }
 template <int DK, int DV, int HK, int HV, int K, int PT, int NS, int RS = K - 1, int EACH = 0,
-          int SLOTS = 1, int SR = 0, int TNT = 0, int GE = -1, int GW = 0>
+          int SLOTS = 1, int TNT = 0, int GE = -1, int GW = 0>
 __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz,
                                           const bf16* __restrict__ ba, int ld_ba, int ba_off,
                                           const bf16* __restrict__ conv_w,
@@ -225,8 +213,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
                                           const int* __restrict__ slot = nullptr) {
   static_assert(EACH == 0 || EACH == 1, "gdn: EACH is 0 or 1");
   static_assert(SLOTS >= 1 && (EACH == 0 || SLOTS >= PT), "gdn: EACH = 1 needs a slot per row");
-  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS, SR>;
-  constexpr int RR = L::rows - SR;  // state rows of a thread in registers; the other SR in smem
+  using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
   constexpr int R = L::ratio, COLS = L::cols, NT = L::threads, NW = L::warps;
   constexpr int CGR = L::cgroups, RGR = L::rgroups, RW = L::rows;
   constexpr int C = L::C, CV = L::Cv, KC = L::KC;
@@ -275,31 +262,21 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // EACH = 1: slot t of this sequence receives the state after token t, at Sp + (t − slot)·HV·DK·DV
   // (same thread, same elements as the ones it read, so overwriting the slot it read is safe).
   const int sl = sb - b * SLOTS;
-  // Rows i >= RR (SR > 0) go by cp.async into this thread's own float4 slots of shared memory,
-  // Ss[(i - RR)·NT + tid], requested after the conv's copies below (their own commit group).
-  float4 S[RR];
-  float4* const Ss = reinterpret_cast<float4*>(sm + L::off_st);
+  float4 S[RW];
   // When the state loads are issued (the same bits whichever): GE = -1, every row first. GE >= 0:
   // the conv's copies below first (queued behind 64 KiB of state loads per block they held up
-  // the conv: bench/NOTES.md, version 17), then rows [0, GE), the others once the conv is done;
-  // but the first GW blocks (the first wave, which may be resident while the kernel before this
-  // one still runs, so that the early loads use its DRAM time) take every row early.
-  static_assert(GE >= -1 && GE <= RR && (GE < 0 || SR == 0) && GW >= 0,
-                "gdn: -1 <= GE <= RR (SR = 0), GW >= 0");
+  // the conv: docs/PERFORMANCE.md, version 17), then rows [0, GE), the others once the conv is
+  // done; but the first GW blocks (the first wave, which may be resident while the kernel before
+  // this one still runs, so that the early loads use its DRAM time) take every row early.
+  static_assert(GE >= -1 && GE <= RW && GW >= 0, "gdn: -1 <= GE <= DK/8, GW >= 0");
   const bool all_early = GE < 0 || (GW > 0 && blockIdx.x < (unsigned)GW);
   auto load_state = [&](bool late) {  // (a constant at each call: the loop folds)
 #pragma unroll
-    for (int i = 0; i < RR; ++i)
+    for (int i = 0; i < RW; ++i)
       if (late ? i >= GE && !all_early : i < GE || all_early)
         S[i] = __ldcs(reinterpret_cast<const float4*>(Sp + (size_t)i * RGR * DV));
   };
   if constexpr (GE < 0) load_state(false);
-  // This thread's state row i, wherever it lives (i is a compile-time constant in unrolled loops).
-  auto st_get = [&](int i) -> float4 { return i < RR ? S[i < RR ? i : 0] : Ss[(i - RR) * NT + tid]; };
-  auto st_put = [&](int i, float4 v) {
-    if (i < RR) S[i < RR ? i : 0] = v;
-    else Ss[(i - RR) * NT + tid] = v;
-  };
   // pos and ntok were last written at the end of the previous step: read under the same rule.
   const int nt = min(max(ntok[b], 0), PT);
   const int p0 = pos[b];
@@ -327,18 +304,13 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   for (int i = tid; i < COLS / 4; i += NT) cp_async16(snw + 4 * i, norm_w + c0 + 4 * i);
   cp_async_commit();
   if constexpr (GE >= 0) load_state(false);
-  if constexpr (SR > 0) {
-#pragma unroll
-    for (int i = RR; i < RW; ++i) cp_async16(Ss + (i - RR) * NT + tid, Sp + (size_t)i * RGR * DV);
-    cp_async_commit();
-  }
   // Gates: thread NT-1-t computes token t's (threads without conv work at PT = 1).
   const bool gate = NT - 1 - tid < nt;
   const float alog = gate ? A_log[h] : 0.f, dtb = gate ? to_f(dt_bias[h]) : 0.f;
   // Wait for the producers of mz and ba (no-op unless launched with programmatic stream
   // serialization), then for the copies above.
   pdl_wait();
-  cp_async_wait<SR ? 1 : 0>();  // the conv's copies (the state's, SR > 0, may still be in flight)
+  cp_async_wait<0>();  // the conv's copies
   __syncthreads();
 
   // 1. conv + SiLU of κ's q and k channels and this block's v channels, one task per (8-channel
@@ -396,12 +368,9 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   }
   __syncthreads();
 
-  // 2. The delta rule over the chunk, token by token, S in registers (and, SR > 0, in this
-  // thread's own shared-memory slots: its cp.asyncs are complete for it after the wait). Column
-  // sums over the 8 row groups go through shared memory: token t's u partials and token t−1's o
-  // partials share one barrier (buffers alternate by token parity, so one __syncthreads per
-  // token).
-  if constexpr (SR > 0) cp_async_wait<0>();
+  // 2. The delta rule over the chunk, token by token, S in registers. Column sums over the 8 row
+  // groups go through shared memory: token t's u partials and token t−1's o partials share one
+  // barrier (buffers alternate by token parity, so one __syncthreads per token).
   auto finish_o = [&](int tt) {  // o of token tt for this thread's 4 columns (row group 0 only)
     const float* ro = sred + (tt & 1) * 2 * RGR * COLS + RGR * COLS + 4 * cg;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -425,7 +394,7 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
       const float kk = kt[RGR * i];
-      const float4 si = st_get(i);
+      const float4 si = S[i];
       up.x = fmaf(si.x, kk, up.x);
       up.y = fmaf(si.y, kk, up.y);
       up.z = fmaf(si.z, kk, up.z);
@@ -452,12 +421,12 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
       const float kk = kt[RGR * i], qq = qt[RGR * i];
-      float4 si = st_get(i);
+      float4 si = S[i];
       si.x = fmaf(dec, si.x, kk * d.x);
       si.y = fmaf(dec, si.y, kk * d.y);
       si.z = fmaf(dec, si.z, kk * d.z);
       si.w = fmaf(dec, si.w, kk * d.w);
-      st_put(i, si);
+      S[i] = si;
       op.x = fmaf(si.x, qq, op.x);
       op.y = fmaf(si.y, qq, op.y);
       op.z = fmaf(si.z, qq, op.z);
@@ -468,13 +437,13 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
       if (act) {
         float* const St = Sp + (ptrdiff_t)(t - sl) * (HV * DK * DV);
 #pragma unroll
-        for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(St + (size_t)i * RGR * DV), st_get(i));
+        for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(St + (size_t)i * RGR * DV), S[i]);
       }
     }
   }
   if (EACH == 0 && act) {
 #pragma unroll
-    for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), st_get(i));
+    for (int i = 0; i < RW; ++i) __stcs(reinterpret_cast<float4*>(Sp + (size_t)i * RGR * DV), S[i]);
   }
   if (tid == 0) s_last = arrived == L::readers - 1;
   __syncthreads();
@@ -560,23 +529,6 @@ Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt1_ns4, 128, 128, 16, 48, 4, 1, 4)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt16_ns2, 128, 128, 16, 48, 4, 16, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_27b_pt64_ns2, 128, 128, 16, 48, 4, 64, 2)
 Q38_GDN_SELFCHECK_ENTRY(gdn_toy_pt4_ns1, 16, 24, 2, 6, 4, 4, 1)
-// SR: 12 of the 16 state rows of a thread in shared memory (three blocks per SM: 79 registers);
-// SR = 8 needs 96 in registers and spills under the 80-register cap, which is why 12
-#define Q38_GDN_SELFCHECK_SR(name, PT, SR)                                                        \
-  extern "C" __global__ void __launch_bounds__(                                                  \
-      q38::GdnLaunch<128, 128, 16, 48, 4, PT, 1, 3, SR>::threads,                                 \
-      q38::GdnLaunch<128, 128, 16, 48, 4, PT, 1, 3, SR>::min_blocks)                              \
-      name(const q38::bf16* mz, int ld_mz, const q38::bf16* ba, int ld_ba, int ba_off,           \
-           const q38::bf16* conv_w, const float* A_log, const q38::bf16* dt_bias,               \
-           const float* norm_w, float eps, q38::bf16* ring, int* ring_arrivals, float* state,    \
-           const int* pos, const int* ntok, q38::bf16* out) {                                   \
-    q38::gdn_chunk<128, 128, 16, 48, 4, PT, 1, 3, 0, 1, SR>(mz, ld_mz, ba, ld_ba, ba_off, conv_w, \
-                                                           A_log, dt_bias, norm_w, eps, ring,    \
-                                                           ring_arrivals, state, pos, ntok, out); \
-  }
-Q38_GDN_SELFCHECK_SR(gdn_27b_pt1_sr12, 1, 12)
-Q38_GDN_SELFCHECK_SR(gdn_27b_pt1_sr8, 1, 8)
-Q38_GDN_SELFCHECK_SR(gdn_27b_pt16_sr12, 16, 12)
 // mtp lane instances (RS = 3 + drafts, slot per verified token)
 #define Q38_GDN_SELFCHECK_MTP(name, DK, DV, HK, HV, K, PT, NS, RS, EACH, SLOTS)                   \
   extern "C" __global__ void __launch_bounds__(q38::GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>::threads, \

@@ -21,7 +21,7 @@
 // fp32 sums in `part`, and the last of the ZS to arrive (an `arrivals` counter, which it resets to
 // 0) adds all KS parts in part order from 0.f and stores y: the same bits again.
 //
-// Measured on an H200 (bench/NOTES.md, version 3): at 64 rows it beats gemv_q4's two 32-row
+// Measured on an H200 (docs/PERFORMANCE.md, version 3): at 64 rows it beats gemv_q4's two 32-row
 // passes by 8-42% on the wide weights (lm_head 964 -> 556 us); at 16 rows and at 1 it loses on
 // every shape (its block barrier per group and its copies cost more than the L1 hits they
 // replace). At 64 rows both kernels issue one mma per ~26 cycles per SM sub-partition, against
@@ -82,7 +82,7 @@ __device__ __forceinline__ bool split_last_arrival(int* arrivals, size_t blk) {
 // U > 1: the partials and (EPI_ADD) the residuals of U values are loaded before any of them is
 // summed or stored, U * KS + U loads in flight at once: one L2 round trip per U values (same
 // bits). Version 16 batched only the partials; with EPI_ADD each residual's load then waited
-// for the store before it, U + 1 round trips (bench/NOTES.md, version 20).
+// for the store before it, U + 1 round trips (docs/PERFORMANCE.md, version 20).
 template <int KS, int EPI, int U = 1, class Slot, class Index>
 __device__ __forceinline__ void split_merge_store(int V, int stride, Slot slot, Index index, bf16* y, int ldy,
                                                   int N, int R) {

@@ -24,7 +24,7 @@
 //   z*KS/ZS + w, and the parts are added in the same order through distributed shared memory,
 //   so the bits do not change. For weights whose row blocks fill the GPU in about one wave (the
 //   out and down projections: 320 blocks on 132 SMs, two or three per SM) smaller blocks even
-//   out the SMs' shares (bench/NOTES.md, version 12).
+//   out the SMs' shares (docs/PERFORMANCE.md, version 12).
 //
 // Compiles alone:
 //   nvcc -arch=sm_90 -std=c++17 -cubin -Xptxas -v -x cu kernels/gemv_q4.cuh -o /dev/null
@@ -86,19 +86,10 @@ __device__ __forceinline__ void q4_zero(float (&v)[MT][NT][4]) {
 // The arithmetic of a group, shared by gemv_q4 and gemm_q4 (their bits must agree): one k-step
 // for one m-tile, the 8 int4 codes of weight word wi (this lane's share of the A fragment) times
 // the B fragments {b0[j], b1[j]} of NT n-tiles into the unscaled partials part[j] ...
-// (AB: ablations for scripts/gemv_sweep.py only, wrong results, 0 in every program: bit 1
-// the lop3 without the sub, 2 no unpacking at all.)
-template <int NT, int AB = 0>
+template <int NT>
 __device__ __forceinline__ void q4_kstep(float (&part)[NT][4], uint32_t wi, const uint32_t (&b0)[NT],
                                          const uint32_t (&b1)[NT]) {
   uint32_t a[4] = {q4_pair(wi, 0), q4_pair(wi, 1), q4_pair(wi, 2), q4_pair(wi, 3)};
-  if constexpr (AB & 3) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (AB & 2) a[j] = wi + j;
-      else asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(a[j]) : "r"(wi >> (4 * j)), "r"(0x000f000fu), "r"(0x43004300u));
-    }
-  }
 #pragma unroll
   for (int j = 0; j < NT; ++j) mma_bf16_16816(part[j], a, b0[j], b1[j]);
 }
@@ -134,7 +125,7 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // group, 8 mma k-steps into an unscaled partial, then acc += scale * partial in fp32. MT, NT, ST,
 // XS and AS change only the schedule, so a row's result depends only on K and KS (the split of
 // the groups into KS parts, summed in part order).
-template <int K, int MT, int NT, int ST, int XS, int AS = 0, int AB = 0, int MS = 0>
+template <int K, int MT, int NT, int ST, int XS, int AS = 0, int MS = 0>
 struct GemvWarp {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(ST >= 1 && ST <= 8, "gemv: 1 <= ST <= 8");
@@ -263,7 +254,7 @@ struct GemvWarp {
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           const uint4& wv = w[rs][m][h];
-          q4_kstep<NT, AB>(part[m], i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w, b0, b1);
+          q4_kstep<NT>(part[m], i == 0 ? wv.x : i == 1 ? wv.y : i == 2 ? wv.z : wv.w, b0, b1);
         }
       }
 #pragma unroll
@@ -331,7 +322,7 @@ __device__ __forceinline__ void gemv_store(bf16* y, int ldy, int n, int r, int N
 // V values of a thread, value(v) to where index(v, n, r) says, with gemv_store's arithmetic.
 // EPI_ADD: every residual is loaded before any value is stored. Stored one by one, each residual's
 // load waits for the store before it (y may alias): a dependent L2 round trip per value, at the
-// end of the launch (bench/NOTES.md, version 20; same bits).
+// end of the launch (docs/PERFORMANCE.md, version 20; same bits).
 template <int EPI, int V, class Index, class Value>
 __device__ __forceinline__ void gemv_store_all(bf16* y, int ldy, int N, int R, Index index, Value value) {
   float old[V];
@@ -368,13 +359,13 @@ __device__ __forceinline__ void gemv_store_swiglu(bf16* y, int ldy, int n, int r
 // MT, NT, ST, XS and AS change neither the arithmetic nor its order, only how it is scheduled: a
 // row's result is bitwise the same for every choice of them (KS does change the sum order).
 // MS: 0, or the tile distance of the two m-tiles of EPI_SWIGLU (the up part's first tile).
-template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int AB = 0,
-          int MS = 0, int ZS = 1>
+template <int K, int MT, int NT, int KS, int EPI, int ST = 2, int XS = 0, int AS = 0, int MS = 0,
+          int ZS = 1>
 __device__ __forceinline__ void gemv_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert((EPI == EPI_SWIGLU) == (MS > 0) && (EPI != EPI_SWIGLU || MT == 2),
                 "gemv: EPI_SWIGLU takes m-tile pairs (gate, up) MS tiles apart, MT = 2");
-  using Wp = GemvWarp<K, MT, NT, ST, XS, AS, AB, MS>;
+  using Wp = GemvWarp<K, MT, NT, ST, XS, AS, MS>;
   constexpr int NG = Wp::NG, V = Wp::V;
   // EPI_SWIGLU: value v < VS of a lane is a gate sum, v + VS the up sum of the same (f, r)
   constexpr int VS = EPI == EPI_SWIGLU ? V / 2 : V;

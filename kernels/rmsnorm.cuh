@@ -66,7 +66,8 @@ __device__ __forceinline__ void rmsnorm_1p_ld(const bf16* x, int ldx, const bf16
   const size_t row = blockIdx.x;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * ldx);
   // The weight is constant: requested before the wait, so that under PDL only x's L2 round trip
-  // separates the previous kernel's end from the sum (bench --trace, bench/NOTES.md version 14).
+  // separates the previous kernel's end from the sum (bench --trace; docs/PERFORMANCE.md,
+  // version 14).
   uint4 wv[V];
 #pragma unroll
   for (int c = 0; c < V; ++c) wv[c] = ldg16(w + 8 * (threadIdx.x + c * NT));

@@ -4,7 +4,7 @@
 //
 // gemv_q4 and gemm_q4 feed mma.sync.m16n8k16 one warp and one 8-row n-tile at a time: at 32-64
 // activation rows that is 4-8 mma per dequantized A fragment, ~26 cycles per mma per SM
-// sub-partition (bench/NOTES.md, version 3). Here the four warps of a warpgroup own 64 output
+// sub-partition (docs/PERFORMANCE.md, version 3). Here the four warps of a warpgroup own 64 output
 // rows (one m-tile each) and one wgmma.m64nNk16 instruction multiplies their A fragments, in
 // registers, by the whole activation tile (N = 8*NT rows), read by the tensor cores from shared
 // memory (NT = 1, 2, 3, 4 or 8: the 8- to 64-row tiles, 24 rows since version 16). WG warpgroups
@@ -34,15 +34,15 @@
 // SwiGLU that produces it: xtile_store in common.cuh): tile (blockIdx.y, g) is the group's
 // x_stage_bytes, contiguous, and is copied by cp.async into the weight ring's stage with the
 // group's weights, XS - 1 groups ahead, with no registers, transpose or shared stores. On the
-// H200 that took the 64-row in projections from 49 to 31 us (bench/NOTES.md, version 7).
+// H200 that took the 64-row in projections from 49 to 31 us (docs/PERFORMANCE.md, version 7).
 //
 // PP = 1 (with XT = 1): two register sets (A fragments, scales, partials) used by alternate
 // groups, so group g's wgmmas are waited for (wait_group 1) only after group g+1's are issued;
 // the ring then copies XS - 2 groups ahead, since group g-1's wgmmas may still read their stage.
 // Written as a steady-state loop over two compile-time sets, ptxas keeps the wgmmas async (no
-// C751x serialization). It wins for the 32-row in projections (bench/NOTES.md, version 7). Where
-// a launch has many blocks (gate_up, the lm_head, split-K down projections), one warpgroup per
-// block with two or three ring stages at three or four blocks per SM (MB) does better: more
+// C751x serialization). It wins for the 32-row in projections (docs/PERFORMANCE.md, version 7).
+// Where a launch has many blocks (gate_up, the lm_head, split-K down projections), one warpgroup
+// per block with two or three ring stages at three or four blocks per SM (MB) does better: more
 // independent per-group chains per SM (version 8).
 //
 // ZS > 1: grid.z = ZS blocks share a row block and split the KS parts, as gemm_q4 (the `part`
@@ -162,9 +162,7 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 // One warp's A fragments of its m-tile for one group (wgmma_q4, wgmma_sk_q4), dequantized from
 // its ring slot: 64 uint4 of codes (lane l's 16 bytes of k-tile h at [32h + l]) then 2 uint4 of
 // the m-tile's 16 bf16 scales. wgmma_slot_codes unpacks the codes (scripts/wgmma_rate.cuh
-// measures it alone); wgmma_slot_a also gives sw the scales of rows g and g+8, packed. RAW (an
-// ablation of scripts/gemv_sweep.py only): the code words as they are, no unpacking.
-template <bool RAW = false>
+// measures it alone); wgmma_slot_a also gives sw the scales of rows g and g+8, packed.
 __device__ __forceinline__ void wgmma_slot_codes(const uint4* slot, int lane, uint32_t (&a)[8][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -173,12 +171,11 @@ __device__ __forceinline__ void wgmma_slot_codes(const uint4* slot, int lane, ui
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[4 * h + i][j] = RAW ? wi[i] + j : q4_pair(wi[i], j);
+      for (int j = 0; j < 4; ++j) a[4 * h + i][j] = q4_pair(wi[i], j);
   }
 }
-template <bool RAW = false>
 __device__ __forceinline__ void wgmma_slot_a(const uint4* slot, int lane, uint32_t (&a)[8][4], uint32_t& sw) {
-  wgmma_slot_codes<RAW>(slot, lane, a);
+  wgmma_slot_codes(slot, lane, a);
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
   const int g = lane >> 2;
   sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
@@ -205,12 +202,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // EPI: GemvEpilogue; WG: warpgroups per block, on different rows; MW: 64-row blocks per
 // warpgroup (independent accumulator chains, one activation tile); XS: ring stages (XS-1 groups
 // copied ahead of the one multiplied); ZS: blocks splitting the parts of K (grid.z); XT: x in
-// tile order; PP: two register sets in flight. AB: ablations for scripts/gemv_sweep.py only,
-// timing without a part of the work (wrong results; 0 in every program): bit 1 no wgmma, 2 no
-// dequant (raw words as A), 4 no scaling, 8 no activation-tile copies and 16 no weight copies
-// after the first stages, 32 no block barrier.
-template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0,
-          int AB = 0>
+// tile order; PP: two register sets in flight.
+template <int K, int NT, int KS, int EPI, int WG, int MW, int XS, int ZS = 1, int XT = 0, int PP = 0>
 __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                          const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R,
                                          float* part_buf = nullptr, int* arrivals = nullptr) {
@@ -249,7 +242,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
       if (lane < 2) cp_async16_s(d + (b * 66 + 64) * 16, ssrc[b] + gi * 16);  // slots 64, 65: scales
     }
   };
-  // XT = 1: x is already in tile order (ops.tile_activations: tile (blockIdx.y, gi) is XB
+  // XT = 1: x is already in tile order (weights.tile_activations: tile (blockIdx.y, gi) is XB
   // contiguous bytes), and a group's tile is copied into its ring stage with its weights.
   auto load_xt = [&](int s, int gi) {
     const char* src = reinterpret_cast<const char*>(x) + ((size_t)blockIdx.y * NG + gi) * XB;
@@ -341,14 +334,13 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     constexpr int p = decltype(P)::value;
     cp_async_wait<D - 1>();  // group gi's weights (this thread's copies) have landed
     fence_proxy_async();     // this thread's activation stores visible to the tensor cores
-    if constexpr (!(AB & 32))
-      __syncthreads();       // ... everyone's, and group gi's activation tile; the weight stage of
+    __syncthreads();         // ... everyone's, and group gi's activation tile; the weight stage of
                              // group gi+D-XS (gi-1, or gi-2 with PP = 1) is free, and so is
                              // its activation tile (its wgmmas were waited for before this
                              // barrier)
     if (gi + D < ge) {
-      if constexpr (!(AB & 16)) load_w(s_fill, gi + D);
-      if constexpr (XT && !(AB & 8)) load_xt(s_fill, gi + D);
+      load_w(s_fill, gi + D);
+      if constexpr (XT) load_xt(s_fill, gi + D);
     }
     cp_async_commit();
     s_fill = s_fill == XS - 1 ? 0 : s_fill + 1;
@@ -361,7 +353,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     const uint4* ws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(wgmma_smem) + s_use * SB) +
                       warp * MW * 66;
 #pragma unroll
-    for (int b = 0; b < MW; ++b) wgmma_slot_a<(AB & 2) != 0>(ws + b * 66, lane, a[p][b], sw[p][b]);
+    for (int b = 0; b < MW; ++b) wgmma_slot_a(ws + b * 66, lane, a[p][b], sw[p][b]);
     uint64_t desc[8];
     wgmma_group_descs<NT, MW>(desc0, xs * XB, a[p], desc);
     s_use = s_use == XS - 1 ? 0 : s_use + 1;
@@ -370,7 +362,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     for (int k = 0; k < 8; ++k)
 #pragma unroll
       for (int b = 0; b < MW; ++b)
-        if constexpr (!(AB & 1)) Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
+        Wgmma<NT>::mma(pt[p][b], a[p][b][k], desc[k], k);
     wgmma_commit();
   };
   // Group gd's wgmmas are done: scale its partials into acc, close its part.
@@ -379,7 +371,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
 #pragma unroll
     for (int b = 0; b < MW; ++b) {
       wgmma_fence_regs<NT>(pt[p][b]);
-      if constexpr (!(AB & 4)) q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
+      q4_scale_add<NT>(acc[b], pt[p][b], sw[p][b]);
     }
     if (KS > 1 && gd + 1 == part_end) {
       // Part `part` is done. ZS = 1: sum += its acc, in part order from 0.f (gemv_q4's
@@ -448,7 +440,7 @@ __device__ __forceinline__ void wgmma_q4(const uint4* __restrict__ qweight, cons
     // same run, old against new): 64 rows U = 8, B = 64 18.13 -> 17.37; 32 rows U = 4, B = 32
     // 11.92 -> 11.60. 24 rows U = 2 (B = 24 10.39 -> 10.35): at U = 8 the 24-row instance took
     // 109 registers, four blocks per SM instead of five, and its 640 blocks no longer fit one
-    // wave (B = 24 +0.48 ms); U = 8 at 32 rows spills (bench/NOTES.md, version 20).
+    // wave (B = 24 +0.48 ms); U = 8 at 32 rows spills (docs/PERFORMANCE.md, version 20).
     split_merge_store<KS, EPI, NT == 8 ? 8 : NT == 4 ? 4 : 2>(V, T, pslot, out_index, y, ldy, N, R);
   } else {
     gemv_store_all<EPI, V>(y, ldy, N, R, out_index,

@@ -3,8 +3,8 @@
 //
 //   y[r, n] = sum_k W~[n, k] * x[r, k]          same operands, layouts and bits as gemv_q4
 //
-// Why (bench/NOTES.md, version 18): at 64 activation rows wgmma_q4's one-warpgroup blocks copy a
-// 16 KiB activation tile per 4 KiB of weights, so the L2 -> SM traffic sets gate_up's time
+// Why (docs/PERFORMANCE.md, version 18): at 64 activation rows wgmma_q4's one-warpgroup blocks copy
+// a 16 KiB activation tile per 4 KiB of weights, so the L2 -> SM traffic sets gate_up's time
 // (copies alone 68.9 of 72.1 us, version 9), and its 544 row blocks on 396 slots run 1.72
 // waves' time for 1.37 waves of work (version 16). Sharing the tile between warpgroups lost
 // while a block barrier per group coupled them (version 13), and splitting row blocks' K over
@@ -49,7 +49,7 @@ namespace q38 {
 template <int NT, int KS, int CW, int XS>
 struct WgmmaSkLaunch {
   // At most 4: the producer's 32 lanes copy the 2·MT = 8·CW 16-byte scale chunks of a stage,
-  // one each (a run with CW 5 and 6 left the last m-tiles without scales: bench/NOTES.md,
+  // one each (a run with CW 5 and 6 left the last m-tiles without scales: docs/PERFORMANCE.md,
   // version 18).
   static_assert(CW >= 1 && CW <= 4, "wgmma_sk_q4: 1 to 4 consumer warpgroups");
   static_assert(XS >= 2 && XS <= 16, "wgmma_sk_q4: 2 <= XS <= 16 ring stages");
@@ -75,7 +75,7 @@ struct WgmmaSkLaunch {
   // EPI_SWIGLU: every consumer's sums, staged for the store of a tile-block's SwiGLU,
   // swiglu_stride floats per m-tile (4 of padding: fewer bank conflicts). (Two buffers taken in
   // turn, one barrier fewer per store but 49 KB more at 64 rows, made the B = 64 step 0.45 ms
-  // slower: bench/NOTES.md, version 19.)
+  // slower: docs/PERFORMANCE.md, version 19.)
   static constexpr int swiglu_stride = values * 32 + 4;
   static constexpr int swiglu_bytes = mtiles * swiglu_stride * 4;
 };

@@ -1,10 +1,11 @@
 """The compile gate: nvcc only. Compile a .cu to a cubin, parse its resources, fail typed.
 
 A program passes when nvcc compiles it, no kernel spills or keeps a local-memory stack frame, no
-kernel uses more registers than its launch bound allows (registers × threads ≤ 65536, so one
-block fits an SM), none has its warpgroup MMAs serialized by ptxas (C7513 and its kin: the
-wgmmas the schedule keeps in flight would wait for each other), and each holds the blocks per SM
-its schedule needs. Results are cached by the code (the generated header comment excluded: it
+kernel uses more registers than its launch bound allows (registers × threads within the arch's
+register file, 65536 on the H200: plan/arch.py, so one block fits an SM), none has its warpgroup
+MMAs serialized by ptxas (C7513 and its kin: the wgmmas the schedule keeps in flight would wait
+for each other), and each holds the blocks per SM its schedule needs (the arch's limits on
+registers, shared memory, threads and blocks). Results are cached by the code (the generated header comment excluded: it
 does not change the compiled bytes), the flags, the nvcc version and the arch.
 """
 
@@ -22,16 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .plan.arch import ArchFacts, arch_facts
 from .source import HEADER_END, kernels_dir
 
-REGISTER_FILE = 65536
-# sm_90: registers are given out per warp in units of 256 (8 a thread); 228 KiB of shared memory
-# an SM, 1 KiB of it reserved per block; at most 2048 threads and 32 blocks an SM.
-REGISTER_UNIT = 8
-SMEM_PER_SM = 228 * 1024
-SMEM_PER_BLOCK_RESERVED = 1024
-THREADS_PER_SM = 2048
-BLOCKS_PER_SM = 32
+# The device's limits (register file, allocation unit, shared memory, threads and blocks an SM)
+# are the arch's facts (plan/arch.py); both lane archs are the H200, the default here.
+DEFAULT_ARCH = "sm_90"
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas", "-v")
 
 
@@ -48,15 +45,18 @@ class KernelResources:
     resident: int = 0           # blocks per SM its schedule needs (manifest; 0: not checked)
     serialized: str = ""        # ptxas's code (C75xx) where it serialized the kernel's wgmmas
 
-    def blocks_per_sm(self) -> int:
-        """Blocks of this kernel an SM holds at once: registers, shared memory, threads."""
+    def blocks_per_sm(self, arch: ArchFacts | None = None) -> int:
+        """Blocks of this kernel an SM of `arch` (default: DEFAULT_ARCH's) holds at once:
+        registers, shared memory, threads."""
+        a = arch or arch_facts(DEFAULT_ARCH)
         warps = -(-self.threads // 32)
-        regs = -(-max(self.registers, 1) // REGISTER_UNIT) * REGISTER_UNIT
-        smem = self.smem + self.dyn_smem + SMEM_PER_BLOCK_RESERVED
-        return min(REGISTER_FILE // (regs * 32 * warps), SMEM_PER_SM // smem,
-                   THREADS_PER_SM // (32 * warps), BLOCKS_PER_SM)
+        regs = -(-max(self.registers, 1) // a.reg_unit) * a.reg_unit
+        smem = self.smem + self.dyn_smem + a.smem_reserved_per_block
+        return min(a.regs_per_sm // (regs * 32 * warps), a.smem_per_sm // smem,
+                   a.threads_per_sm // (32 * warps), a.max_blocks_per_sm)
 
-    def problems(self) -> list[str]:
+    def problems(self, arch: ArchFacts | None = None) -> list[str]:
+        a = arch or arch_facts(DEFAULT_ARCH)
         p = []
         if self.spill_stores or self.spill_loads:
             p.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
@@ -64,10 +64,10 @@ class KernelResources:
             p.append(f"{self.stack} B local-memory stack frame")
         if self.serialized:
             p.append(f"wgmma instructions serialized by ptxas ({self.serialized})")
-        if self.threads and self.registers * self.threads > REGISTER_FILE:
-            p.append(f"{self.registers} registers × {self.threads} threads > {REGISTER_FILE}")
-        elif self.threads and self.resident and self.blocks_per_sm() < self.resident:
-            p.append(f"{self.blocks_per_sm()} blocks per SM ({self.registers} registers, "
+        if self.threads and self.registers * self.threads > a.regs_per_sm:
+            p.append(f"{self.registers} registers × {self.threads} threads > {a.regs_per_sm}")
+        elif self.threads and self.resident and self.blocks_per_sm(a) < self.resident:
+            p.append(f"{self.blocks_per_sm(a)} blocks per SM ({self.registers} registers, "
                      f"{self.smem + self.dyn_smem} B shared); its schedule needs {self.resident}")
         return p
 
@@ -80,10 +80,12 @@ class GateResult:
     kernels: list[KernelResources] = field(default_factory=list)
     loaded: bool | None = None  # True: every manifest entry resolved on a GPU; None: no GPU
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    arch: str = DEFAULT_ARCH                        # whose facts the resource checks use
 
     @property
     def problems(self) -> list[str]:
-        return [f"{k.name}: {p}" for k in self.kernels for p in k.problems()]
+        a = arch_facts(self.arch)
+        return [f"{k.name}: {p}" for k in self.kernels for p in k.problems(a)]
 
 
 class GateError(Exception):
@@ -166,6 +168,7 @@ def _manifest_kernels(manifest: dict | None) -> dict[str, tuple[int, int, int]]:
 def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict | None = None,
                    include_dirs: tuple[str, ...] = ()) -> GateResult:
     """Compile source text (cached) and return its resources; raise CompileError on failure."""
+    arch_facts(arch)   # an arch without device facts: a UserError before anything is compiled
     nvcc = nvcc_path()
     flags = [f"-arch={arch}", *NVCC_FLAGS, *[f"-I{d}" for d in include_dirs]]
     # A translation unit over include_dirs (compile_kernels) keys on the headers' text too, or a
@@ -206,7 +209,7 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
     for k in kernels:
         if k.name in known:
             k.threads, k.dyn_smem, k.resident = known[k.name]
-    return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels)
+    return GateResult(source=name, cubin=str(cubin), cached=cached, kernels=kernels, arch=arch)
 
 
 def compile_kernels(source: str, name: str, arch: str = "sm_90") -> GateResult:

@@ -51,8 +51,6 @@ KNOBS: dict[str, Knob] = {
                  help="the role's 16-row tiles on wgmma_sk_q4 (sm_90a)"),
     "sk8": Knob("CW:XS:PP, CW 1..4, XS 2..16, PP 0 or 1", "sk", per_role=True,
                 help="the role's 8-row tiles on wgmma_sk_q4 (sm_90a)"),
-    "gdn_sr": Knob("0..15", "int", tuple(range(16)),
-                   help="decode GDN: state rows per thread in shared memory"),
     "gdn_ge": Knob("table, -1..16", "optint", tuple(range(-1, 17)),
                    help="decode GDN: state rows requested before the conv (-1: all first)"),
     "gdn_gw": Knob("0, 1", "bool", help="decode GDN up to 16 rows: the first wave loads early"),
@@ -123,7 +121,6 @@ class Tuning:
     sk_cfg: tuple = ()
     sk16: tuple = ()
     sk8: tuple = ()
-    gdn_sr: int = 0
     gdn_ge: int | None = None
     gdn_gw: bool = True
     attn_st: int = 2
@@ -296,10 +293,9 @@ def tuning_from_env(env=None) -> list[str]:
         out += _env_sk_items(var, env.get(var, ""))
     v = env.get("QWEN38_GDN_SR", "")
     if v:
-        if not v.isdigit() or int(v) >= 16:
-            raise UserError(f"QWEN38_GDN_SR={v!r}: use 0 … 15 state rows in shared memory, or "
-                            "leave it unset")
-        out.append(f"gdn_sr={int(v)}")
+        raise UserError(f"QWEN38_GDN_SR={v!r}: removed (state rows in shared memory, replaced by "
+                        "gdn_ge in version 17); use QWEN38_GDN_GE or --tune gdn_ge=N, or leave "
+                        "it unset")
     v = env.get("QWEN38_GDN_GE", "")
     if v:
         if not (v == "-1" or v.isdigit() and int(v) <= 16):

@@ -54,38 +54,16 @@ SWEEP = {
 # at 16 and 32 rows and split-K at 64 (the table above, -v8-gemv-sweep-mb2.txt). The experiments
 # of versions 5 and 6 (an L2 prefetch in gemv_q4, the warp-specialized wgmma_ws_q4,
 # gemv_q4_persistent: commits 600c8c8, 3a78b55 and 4fd8ff4; docs/PERFORMANCE.md) added configs of
-# code that is gone. Version 9: the ablations below (-v9-gemv-ablate.txt; gemv_q4's bit 4, no
-# mma, measured faster than the weights can stream, so the compiler dropped more than the mma:
-# left out since) and CL, CTAs of a cluster sharing each activation tile by multicast (commit
-# ea5e035; bitwise right and 2-4x slower, -v9-gemv-cluster*.txt; removed).
-# GEMV_SWEEP=ablate: the program's 64-row wgmma_q4 schedules with parts of their work left out
-# (the AB bits of kernels/wgmma_q4.cuh; timing only, the results are wrong), on GEMV_SHAPES.
-ABLATE = {
-    8: (64, [("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 4, 1, 2, 1)]
-        + [("w", 1, 1, 2, 1, 3, 1, 0, ab) for ab in (1, 2, 4, 8, 16, 32, 3, 7, 24, 31)]
-        + [("w", 1, 1, 4, 1, 2, 1, 0, ab) for ab in (1, 2, 8, 16, 7, 24)]),
-    2: (16, [("b", 2, 2, 0, 0)] + [("b", 2, 2, 0, 0, ab) for ab in (1, 2)]),
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0)] + [("b", 1, 2, 0, 0, ab) for ab in (1, 2)]),
-}
-# An ablated instance needs fewer registers and would fit more blocks per SM than the schedule it
-# takes apart; shared memory it does not use keeps it at that schedule's blocks per SM (gemv_q4
-# at 16 rows: 2 by its 115 registers, at 1 row: 4 by its 63).
-ABLATE_BLOCKS = {2: 2, 1: 4}
+# code that is gone. Version 9: ablations, the wgmma_q4 and gemv_q4 schedules timed with parts of
+# their work left out (-v9-gemv-ablate.txt; wrong results by design: their AB template parameter
+# and this script's GEMV_SWEEP=ablate are in dd8da46, removed since; until then a "b" config had
+# AB as its 6th field, before ZS and MB) and CL, CTAs of a cluster sharing each activation tile
+# by multicast (commit ea5e035; bitwise right and 2-4x slower, -v9-gemv-cluster*.txt; removed).
 
 
 def tile_order(cfg) -> bool:
     """The config reads x in wgmma_q4's activation tile order (XT)."""
     return cfg[0] == "s" or (cfg[0] == "w" and bool(wcfg(cfg)[6]))
-
-
-def launch_smem(k, nt, cfg):
-    """Dynamic shared memory a launch asks for: smem_of, padded for an ablated instance."""
-    smem = smem_of(k, nt, cfg)
-    ablated = wcfg(cfg)[8] if cfg[0] == "w" else bcfg(cfg)[5] if cfg[0] == "b" else 0
-    if not ablated:
-        return smem
-    blocks = wcfg(cfg)[5] if cfg[0] == "w" else ABLATE_BLOCKS[nt]
-    return max(smem, 228 * 1024 // (blocks + 1))
 
 
 # GEMV_SWEEP=ring: the one-wave shapes (down, out) on the cp.async ring at 1 and 16 rows against
@@ -99,20 +77,20 @@ RING = {
 # GEMV_SWEEP=zs: gemv_q4's KS parts of a row block spread over a cluster of ZS blocks (version 12),
 # against the program's schedules, at 1 and 16 rows.
 ZSWEEP = {
-    1: (1, [("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0, 0, 2), ("b", 1, 2, 1, 0, 0, 4),
-            ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 3, 1, 0, 0, 2)]),
-    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4),
-             ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 1, 3, 0, 0, 0, 2)]),
+    1: (1, [("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0, 2), ("b", 1, 2, 1, 0, 4),
+            ("b", 1, 2, 0, 0, 2), ("b", 1, 2, 0, 0, 4), ("b", 1, 3, 1, 0, 2)]),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 2), ("b", 1, 2, 0, 0, 4),
+             ("b", 2, 2, 0, 0, 2), ("b", 2, 2, 0, 0, 4), ("b", 1, 3, 0, 0, 2)]),
 }
 # GEMV_SWEEP=zs32 / zs64: the same at 32-row tiles (the out projection of B = 32 and 64 runs on
 # gemv_q4 with MT = 2: 160 row blocks of 179 registers, one per SM), over 32 or 64 rows.
 # GEMV_SWEEP=g16 (version 13): the multi-wave weights at 16 rows (gate_up: 1088 blocks of 115
 # registers on 264 slots) on deeper cp.async rings, four m-tiles per warp, and a register cap
-# of three or four blocks per SM (MB, the 8th field of a "b" config; spills shown in the table).
+# of three or four blocks per SM (MB, the 7th field of a "b" config; spills shown in the table).
 G16 = {
-    2: (16, [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 1, 3), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1),
-             ("b", 2, 6, 0, 1), ("b", 2, 3, 0, 1, 0, 1, 3), ("b", 2, 4, 0, 1, 0, 1, 3),
-             ("b", 4, 2, 0, 1), ("b", 4, 3, 0, 1), ("b", 1, 2, 0, 0), ("b", 1, 4, 0, 1, 0, 1, 4)]),
+    2: (16, [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 1, 3), ("b", 2, 3, 0, 1), ("b", 2, 4, 0, 1),
+             ("b", 2, 6, 0, 1), ("b", 2, 3, 0, 1, 1, 3), ("b", 2, 4, 0, 1, 1, 3),
+             ("b", 4, 2, 0, 1), ("b", 4, 3, 0, 1), ("b", 1, 2, 0, 0), ("b", 1, 4, 0, 1, 1, 4)]),
 }
 # GEMV_SWEEP=g64 (version 13): gate_up, out and down at 64 rows, the activation tile shared by
 # more rows per block (WG = 2 or 4 warpgroups, or MW = 2) against the program's one-warpgroup
@@ -127,19 +105,19 @@ G64 = {
              ("w", 1, 1, 2, 8, 3, 1), ("w", 1, 1, 4, 8, 2, 1)]),
 }
 # GEMV_SWEEP=g1 (version 15): the multi-wave weights at 1 row with more blocks per SM by a
-# register cap (MB, the 8th field): gate_up (1088 blocks of 70 registers on 3 per SM, 2.75 waves)
+# register cap (MB, the 7th field): gate_up (1088 blocks of 70 registers on 3 per SM, 2.75 waves)
 # and the in projections (1030 / 896 blocks of 63 registers on 4 per SM).
 G1 = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 0, 0, 0, 1, 5), ("b", 1, 2, 0, 0, 0, 1, 6),
-            ("b", 1, 3, 0, 0, 0, 1, 5), ("b", 2, 3, 0, 1), ("b", 2, 2, 0, 1),
-            ("b", 2, 2, 0, 1, 0, 1, 4), ("b", 2, 2, 0, 0, 0, 1, 4), ("b", 2, 3, 0, 0, 0, 1, 4),
-            ("b", 1, 2, 1, 0), ("b", 1, 2, 1, 0, 0, 1, 5)]),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 0, 0, 1, 5), ("b", 1, 2, 0, 0, 1, 6),
+            ("b", 1, 3, 0, 0, 1, 5), ("b", 2, 3, 0, 1), ("b", 2, 2, 0, 1),
+            ("b", 2, 2, 0, 1, 1, 4), ("b", 2, 2, 0, 0, 1, 4), ("b", 2, 3, 0, 0, 1, 4),
+            ("b", 1, 2, 1, 0), ("b", 1, 2, 1, 0, 1, 5)]),
 }
 # GEMV_SWEEP=t24 (version 16): 24 activation rows (B = 17 ... 24), a 24-row tile (NT = 3) on
 # gemv_q4 and on wgmma_q4 (m64n24k16) against what those batches ran before: the 32-row tile
 # (NT = 4, the program's version-15 schedules) and two 16-row tiles (NT = 2, grid.y = 2).
 T24 = {
-    3: (24, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0, 0, 2),
+    3: (24, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 1, 2, 0, 0, 2),
              ("w", 1, 1, 2, 1, 3, 1), ("w", 1, 1, 3, 1, 3, 1), ("w", 1, 1, 2, 1, 4, 1),
              ("w", 1, 1, 4, 1, 2, 1, 1), ("w", 1, 1, 3, 1, 3, 1, 1), ("w", 1, 1, 2, 8, 3, 1),
              ("w", 1, 1, 2, 4, 4, 1)]),
@@ -189,12 +167,12 @@ SK16 = {
 }
 SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16),
              ("out", 5120, 6144, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
-_ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 0, 2), ("b", 2, 2, 0, 0, 0, 4), ("b", 2, 2, 0, 0, 0, 8),
-         ("b", 1, 2, 0, 0, 0, 2), ("b", 1, 2, 0, 0, 0, 4), ("b", 1, 2, 0, 0, 0, 8)]
+_ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 2), ("b", 2, 2, 0, 0, 4), ("b", 2, 2, 0, 0, 8),
+         ("b", 1, 2, 0, 0, 2), ("b", 1, 2, 0, 0, 4), ("b", 1, 2, 0, 0, 8)]
 # GEMV_SWEEP=<mode>: (the configs, the shapes, or None for SHAPES) of each mode; any other
 # value runs SWEEP above.
 MODES = {
-    "ablate": (ABLATE, None), "ring": (RING, None), "zs": (ZSWEEP, None),
+    "ring": (RING, None), "zs": (ZSWEEP, None),
     "zs32": ({4: (32, _ZS32)}, None), "zs64": ({4: (64, _ZS32)}, None),
     "g16": (G16, None), "g64": (G64, None), "g1": (G1, None), "t24": (T24, None),
     "merge": (MERGE, [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]),
@@ -223,19 +201,15 @@ def ks_of(k: int) -> int:
 
 
 def wcfg(cfg):
-    """("w", WG, MW, XS, ZS, MB[, XT[, PP[, AB]]]) with XT (activations read in tile order), PP
-    (two register sets, one group's wgmmas in flight while the next is dequantized) and AB
-    (ablation bits) default 0."""
-    return tuple(cfg) + (0,) * (9 - len(cfg))
+    """("w", WG, MW, XS, ZS, MB[, XT[, PP]]) with XT (activations read in tile order) and PP (two
+    register sets, one group's wgmmas in flight while the next is dequantized) default 0."""
+    return tuple(cfg) + (0,) * (8 - len(cfg))
 
 
 def bcfg(cfg):
-    """("b", MT, ST, XS, AS[, AB[, ZS[, MB]]]) with AB (ablation bits) default 0, ZS (blocks of a
-    cluster sharing a row block's KS parts) default 1 and MB (min blocks per SM of the launch
-    bounds) default 1."""
-    cfg = tuple(cfg) + (0,) * (6 - len(cfg))
-    cfg = cfg if len(cfg) >= 7 else cfg + (1,)
-    return cfg if len(cfg) == 8 else cfg + (1,)
+    """("b", MT, ST, XS, AS[, ZS[, MB]]) with ZS (blocks of a cluster sharing a row block's KS
+    parts) and MB (min blocks per SM of the launch bounds) default 1."""
+    return tuple(cfg) + (1,) * (7 - len(cfg))
 
 
 def scfg(cfg):
@@ -256,15 +230,15 @@ def name(k, nt, cfg):
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
+        _, wg, mw, xs, zs, mb, xt, pp = wcfg(cfg)
         return (f"sw_k{k}_wg{wg}_mw{mw}_n{nt}_x{xs}_z{zs}_b{mb}" + (f"_t{xt}" if xt else "")
-                + (f"_p{pp}" if pp else "") + (f"_a{ab}" if ab else ""))
+                + (f"_p{pp}" if pp else ""))
     if cfg[0] == "g":
         _, mt, wr, st, zs, mb = cfg
         return f"sw_k{k}_g{mt}_n{nt}_w{wr}_s{st}_z{zs}_b{mb}"
-    _, mt, st, xs, a, ab, zs, mb = bcfg(cfg)
-    return (f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_ab{ab}" if ab else "")
-            + (f"_z{zs}" if zs > 1 else "") + (f"_b{mb}" if mb > 1 else ""))
+    _, mt, st, xs, a, zs, mb = bcfg(cfg)
+    return (f"sw_k{k}_m{mt}_n{nt}_s{st}_x{xs}_a{a}" + (f"_z{zs}" if zs > 1 else "")
+            + (f"_b{mb}" if mb > 1 else ""))
 
 
 def smem_of(k, nt, cfg):
@@ -273,12 +247,12 @@ def smem_of(k, nt, cfg):
         _, cw, xs, _, _ = scfg(cfg)
         return sk_smem(8 * nt, cw, xs)
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, xt, _, _ = wcfg(cfg)
+        _, wg, mw, xs, zs, _, xt, _ = wcfg(cfg)
         return wgmma_smem(k, nt, wg, mw, xs, zs, xt)
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         return gemm_smem(k, mt, nt, wr, st, zs)
-    _, mt, st, _, a, _, zs, _ = bcfg(cfg)
+    _, mt, st, _, a, zs, _ = bcfg(cfg)
     return gemv_smem(k, mt, st, a) // zs
 
 
@@ -289,14 +263,14 @@ def shape_of(N, R, nt, k, cfg):
         gy = -(-R // (8 * nt))
         return (g, gy, 1), (128 * (cfg[1] + 1), 1, 1), sk_pub_floats(8 * nt, cfg[1]) * tb * gy
     if cfg[0] == "w":
-        _, wg, mw, xs, zs, _, _, _, _ = wcfg(cfg)
+        _, wg, mw, xs, zs, _, _, _ = wcfg(cfg)
         gx, gy = -(-(N // 16) // (4 * wg * mw)), -(-R // (8 * nt))
         return (gx, gy, zs), (128 * wg, 1, 1), wgmma_part_floats(k, nt, wg, mw) * gx * gy
     if cfg[0] == "g":
         _, mt, wr, st, zs, _ = cfg
         gx, gy = -(-(N // 16) // (mt * wr)), -(-R // (8 * nt))
         return (gx, gy, zs), (32 * wr, 1, 1), gemm_part_floats(k, mt, nt, wr) * gx * gy
-    mt, zs = cfg[1], bcfg(cfg)[6]
+    mt, zs = cfg[1], bcfg(cfg)[5]
     return (N // (16 * mt) * zs, -(-R // (8 * nt)), 1), (32 * ks_of(k) // zs, 1, 1), 1
 
 
@@ -323,19 +297,19 @@ def source() -> str:
             threads, mb = 128 * (cw + 1), 1
             call = f"wgmma_sk_q4<{k}, {nt}, {ks}, {EPI}, {cw}, {xs}, {pp}>"
         elif cfg[0] == "w":
-            _, wg, mw, xs, zs, mb, xt, pp, ab = wcfg(cfg)
+            _, wg, mw, xs, zs, mb, xt, pp = wcfg(cfg)
             threads = 128 * wg
-            call = f"wgmma_q4<{k}, {nt}, {ks}, {EPI}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}, {ab}>"
+            call = f"wgmma_q4<{k}, {nt}, {ks}, {EPI}, {wg}, {mw}, {xs}, {zs}, {xt}, {pp}>"
         elif cfg[0] == "g":
             _, mt, wr, st, zs, mb = cfg
             threads, call = 32 * wr, f"gemm_q4<{k}, {mt}, {nt}, {ks}, {EPI}, {wr}, {st}, {zs}>"
         else:
-            _, mt, st, xs, a, ab, zs, mb = bcfg(cfg)
+            _, mt, st, xs, a, zs, mb = bcfg(cfg)
             threads = 32 * ks // zs
-            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, {EPI}, {st}, {xs}, {a}, {ab}" + (
+            call = f"gemv_q4<{k}, {mt}, {nt}, {ks}, {EPI}, {st}, {xs}, {a}" + (
                 f", 0, {zs}>" if zs > 1 else ">")
         tail = ", part, arr" if cfg[0] in "wgs" else ""
-        cl = f" __cluster_dims__({bcfg(cfg)[6]}, 1, 1)" if cfg[0] == "b" and bcfg(cfg)[6] > 1 else ""
+        cl = f" __cluster_dims__({bcfg(cfg)[5]}, 1, 1)" if cfg[0] == "b" and bcfg(cfg)[5] > 1 else ""
         out.append(
             f'extern "C" __global__ void __launch_bounds__({threads}, {mb}){cl} {name(k, nt, cfg)}('
             "const uint4* qw, const q38::bf16* sc, const q38::bf16* x, int ldx, q38::bf16* y, "
@@ -372,8 +346,8 @@ def run(cubin: str, reps: int = 20):
     # runs them: each launch may start while the previous one drains. (Instances over an SM's
     # 227 KiB of shared memory are left out; their plain launch is skipped too.)
     pdl = PdlModule(Path(cubin).read_bytes(),
-                    {name(k, nt, cfg): {"smem": launch_smem(k, nt, cfg)}
-                     for k, nt, cfg in instances() if launch_smem(k, nt, cfg) <= 227 * 1024})
+                    {name(k, nt, cfg): {"smem": smem_of(k, nt, cfg)}
+                     for k, nt, cfg in instances() if smem_of(k, nt, cfg) <= 227 * 1024})
     pool_bytes = 256 << 20
     results = []
     scratch = []
@@ -403,7 +377,7 @@ def run(cubin: str, reps: int = 20):
             ref = None
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
-                sm = launch_smem(K, nt, cfg)
+                sm = smem_of(K, nt, cfg)
                 if sm > 227 * 1024:
                     print(f"{sname} R={R} {cfg}: {sm} bytes of shared memory, over an SM's", flush=True)
                     continue

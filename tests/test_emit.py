@@ -329,8 +329,7 @@ def test_gdn_state_rows_early_by_batch(model, batch, mtp):
     conv's copies first, then all 16 of a thread's state rows below B = 12 (_ge16) and 4 from
     B = 12 on (_ge4), the rest after the conv, except up to B = 16 in the first wave of 264
     blocks (_w264);
-    prefill chunks and the mtp lane's GDN instances keep the old order, and no instance keeps
-    state rows in shared memory unless asked."""
+    prefill chunks and the mtp lane's GDN instances keep the old order."""
     cfg = PRESETS[model]
     prog = emit_program(cfg, Lanes.make(batch, mtp=mtp))
     names = {L["k"] for ph, sched in prog.manifest["schedule"].items() if isinstance(sched, list)
@@ -339,7 +338,6 @@ def test_gdn_state_rows_early_by_batch(model, batch, mtp):
     want = (None if mtp else "q38_gdn_pt1_ge16" if batch < 12 else "q38_gdn_pt1_ge4_w264"
             if batch <= 16 else "q38_gdn_pt1_ge4")
     assert {k for k in gdn if "_ge" in k} == ({want} if want else set()), gdn
-    assert not any("_sr" in k for k in gdn), gdn
     if want:
         call = prog.manifest["kernels"][next(k for k in names if k.startswith(want))]["call"]
         tail = {"q38_gdn_pt1_ge16": ", 16, 0>", "q38_gdn_pt1_ge4_w264": ", 4, 264>",
@@ -347,24 +345,22 @@ def test_gdn_state_rows_early_by_batch(model, batch, mtp):
         assert call.endswith(tail), call
 
 
-def test_gdn_sr_and_ge_knobs():
-    """Tuning.gdn_sr sets n state rows in shared memory at every B (which keeps the old load
-    order) and gdn_ge the rows requested before the conv (-1: all first, as before version 17);
-    a value the kernel cannot take is a UserError naming the field, the value and the range."""
+def test_gdn_ge_knobs():
+    """Tuning.gdn_ge sets the rows requested before the conv (-1: all first, as before version
+    17) and gdn_gw the early first wave; a value the kernel cannot take is a UserError naming the
+    field, the value and the range. gdn_sr (state rows in shared memory, refuted) is gone."""
     from qwen38gen.plan.gdn import gdn_entry, gdn_launch, gdn_state_rows_early
 
     cfg, plain = PRESETS["qwen3.8-27b"], Tuning()
-    assert gdn_launch(cfg, 1, plain)["sr"] == 0
-    assert gdn_launch(cfg, 1, tuned("gdn_sr=0"))["sr"] == 0
-    sr12 = tuned("gdn_sr=12")
-    assert gdn_launch(cfg, 1, sr12)["sr"] == 12
-    assert gdn_launch(cfg, 16, sr12)["sr"] == 0
-    assert gdn_state_rows_early(cfg, 1, sr12, batch=64) == -1
-    assert gdn_entry(cfg, 1, sr12, H200, batch=64).name == "q38_gdn_pt1_sr12"
-    for bad in ("16", "x", "-1"):
+    # kernels/gdn.cuh's launch comment: 24576 + 2584·PT bytes at DK = DV = 128, K = 4, NS = 1
+    assert gdn_launch(cfg, 1) == {"threads": 256, "smem": 24576 + 2584, "cluster": 1,
+                                  "min_blocks": 2, "blocks_per_seq": 48}
+    for bad in ("17", "x", "-2"):
         with pytest.raises(UserError, match=re.escape(
-                f"tuning gdn_sr={bad!r} is not supported; supported gdn_sr: 0..15")):
-            tuned(f"gdn_sr={bad}")
+                f"tuning gdn_ge={bad!r} is not supported; supported gdn_ge: table, -1..16")):
+            tuned(f"gdn_ge={bad}")
+    with pytest.raises(UserError, match="^tuning key 'gdn_sr' is not known; keys: "):
+        tuned("gdn_sr=12")
     assert gdn_state_rows_early(cfg, 1, plain, batch=64) == 4
     assert gdn_state_rows_early(cfg, 1, plain, batch=8) == 16
     assert gdn_state_rows_early(cfg, 16, plain, batch=64) == -1

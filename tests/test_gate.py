@@ -197,3 +197,25 @@ def test_the_manifest_gives_the_gate_its_resident_blocks():
     assert res.problems and "its schedule needs 3" in res.problems[0]
     kernels["wide"]["resident"] = 2
     assert not G.compile_source(RESIDENT, "wide.cu", manifest={"kernels": kernels}).problems
+
+
+def test_the_device_limits_are_the_archs_facts():
+    """blocks_per_sm and the register check read the arch's facts (plan/arch.py), not constants
+    of the gate: an SM with half the register file holds half the blocks; an arch without facts
+    is refused before anything is compiled."""
+    from dataclasses import replace
+
+    from qwen38gen.errors import UserError
+    from qwen38gen.plan.arch import arch_facts
+
+    h200 = arch_facts("sm_90a")
+    k = G.KernelResources("k", registers=96, smem=0, threads=128, resident=5)
+    assert k.blocks_per_sm(h200) == k.blocks_per_sm() == 5
+    half = replace(h200, regs_per_sm=h200.regs_per_sm // 2)
+    assert k.blocks_per_sm(half) == 2
+    assert k.problems(half) == ["2 blocks per SM (96 registers, 0 B shared); its schedule needs 5"]
+    k.threads, k.resident = 512, 0
+    assert k.problems(half) == ["96 registers × 512 threads > 32768"] and not k.problems(h200)
+    with pytest.raises(UserError, match=r"^arch 'sm_89' has no device facts; known: sm_90a, "
+                                        r"sm_90$"):
+        G.compile_source(RESIDENT, "wide.cu", arch="sm_89")

@@ -49,3 +49,16 @@ def test_sk16_build_marks_serialized_instances(monkeypatch, tmp_path):
     assert "SERIALIZED C7512" in regs["sw_k5120_sk4_n2_x6_p1"]
     for n in ("sw_k5120_sk3_n2_x6_p1", "sw_k5120_sk3_n3_x6_p1", "sw_k5120_sk3_n2_x4_p1"):
         assert "SERIALIZED" not in regs[n] and "SPILL" not in regs[n], (n, regs[n])
+
+
+def test_zs_configs_keep_their_fields(monkeypatch):
+    """A "b" config is (MT, ST, XS, AS[, ZS[, MB]]): ZS = 2 gives a cluster of two blocks of half
+    the warps, MS stays 0, and the instance keeps the name its results were recorded under."""
+    gs = _sweep(monkeypatch, "zs")
+    src = gs.source()
+    line = next(s for s in src.splitlines() if " sw_k5120_m1_n1_s2_x1_a0_z2(" in s)
+    assert "__launch_bounds__(128, 1) __cluster_dims__(2, 1, 1)" in line
+    assert "q38::gemv_q4<5120, 1, 1, 8, 0, 2, 1, 0, 0, 2>(" in line
+    g1 = _sweep(monkeypatch, "g1")
+    assert g1.name(5120, 1, ("b", 1, 2, 0, 0, 1, 5)) == "sw_k5120_m1_n1_s2_x0_a0_b5"
+    assert "__launch_bounds__(256, 5) sw_k5120_m1_n1_s2_x0_a0_b5(" in g1.source()

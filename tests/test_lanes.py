@@ -71,7 +71,7 @@ def test_tuning_defaults_keep_the_name():
     ("gemv_zs=3", "tuning gemv_zs='3' is not supported; supported gemv_zs: table, 1, 2, 4, 8"),
     ("swiglu_fuse=yes", "tuning swiglu_fuse='yes' is not supported; supported swiglu_fuse: 0, 1"),
     ("wgmma_sk=1", "tuning wgmma_sk='1' is not supported; supported wgmma_sk: table, off, all"),
-    ("gdn_sr=16", "tuning gdn_sr='16' is not supported; supported gdn_sr: 0..15"),
+    ("gdn_sr=12", "tuning key 'gdn_sr' is not known; keys: gemv_zs, "),
     ("gdn_ge=-2", "tuning gdn_ge='-2' is not supported; supported gdn_ge: table, -1..16"),
     ("attn_st=1", "tuning attn_st='1' is not supported; supported attn_st: 2, 3, 4"),
     ("attn_grid=0", "tuning attn_grid='0' is not supported; supported attn_grid: table, 1..1024"),
@@ -82,7 +82,7 @@ def test_tuning_defaults_keep_the_name():
     ("mlp.sk16=3:6:1", "tuning key 'mlp.sk16': 'mlp' is not a weight role; roles: in, out, "
                        "gate_up, down, lm_head, fc"),
     ("sk16=3:6:1", "tuning key 'sk16' is not known; keys: gemv_zs, swiglu_fuse, out_xt, "
-                   "wgmma_sk, ROLE.wgmma_zs, ROLE.sk_cfg, ROLE.sk16, ROLE.sk8, gdn_sr, gdn_ge, "
+                   "wgmma_sk, ROLE.wgmma_zs, ROLE.sk_cfg, ROLE.sk16, ROLE.sk8, gdn_ge, "
                    "gdn_gw, attn_st, attn_mb, attn_grid"),
     ("in.gdn_ge=4", "tuning key 'in.gdn_ge' is not known"),
     ("gdn_ge", "tuning setting 'gdn_ge' is not KEY=VALUE; e.g. gdn_ge=4 or gate_up.sk16=3:6:1"),
@@ -118,7 +118,7 @@ def test_tuned_names_are_distinct_and_deterministic():
     from qwen38gen.tuning import ROLES, Tuning
 
     settings = (["gemv_zs=1", "gemv_zs=2", "swiglu_fuse=0", "out_xt=0", "wgmma_sk=off",
-                 "wgmma_sk=all", "gdn_sr=12", "gdn_ge=-1", "gdn_ge=4", "gdn_gw=0", "attn_st=3",
+                 "wgmma_sk=all", "gdn_ge=-1", "gdn_ge=4", "gdn_gw=0", "attn_st=3",
                  "attn_mb=1", "attn_grid=264"]
                 + [f"{r}.{f}={v}" for r in ROLES for f, v in (
                     ("sk16", "3:6:1"), ("sk16", "4:6:0"), ("sk8", "3:6:1"), ("sk_cfg", "3:6:1"),
@@ -154,7 +154,9 @@ def test_tuning_from_the_old_environment_variables():
                                       "commas, kind one of gate_up, in, lm_head, long, narrow"),
         ("QWEN38_WGMMA_SK", "yes", "QWEN38_WGMMA_SK='yes': use 1 (the default"),
         ("QWEN38_SK8", "lm_head=3:6", "QWEN38_SK8='lm_head=3:6': 'lm_head=3:6' is not kind=CW:XS:PP"),
-        ("QWEN38_GDN_SR", "16", "QWEN38_GDN_SR='16': use 0 … 15 state rows in shared memory"),
+        ("QWEN38_GDN_SR", "12", "QWEN38_GDN_SR='12': removed (state rows in shared memory, "
+                                "replaced by gdn_ge in version 17); use QWEN38_GDN_GE or --tune "
+                                "gdn_ge=N, or leave it unset"),
         ("QWEN38_GDN_GE", "17", "QWEN38_GDN_GE='17': use -1 (every state row first) or 0 … 16"),
     ]:
         with pytest.raises(UserError, match="^" + __import__("re").escape(msg)):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Version 22's pending device work (bench/NOTES.md, "Version 22", Next), written while no device
-# was lent. Up to four device calls of under ten minutes each, from the repo root:
+# Version 22's pending device work (docs/PERFORMANCE.md, "Version 22", Next), written while no
+# device was lent. Up to four device calls of under ten minutes each, from the repo root:
 #
 #   bash bench/ab/v22-device.sh prep      # CPU machine first: trees, programs, cubins
 #   device: bash bench/ab/v22-device.sh speed        carry [".gpu", ".ab", ".cache/ab"]

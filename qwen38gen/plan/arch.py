@@ -17,7 +17,12 @@ class ArchFacts:
     sms: int                   # streaming multiprocessors
     smem_per_block: int        # dynamic shared memory one block may opt in to (bytes)
     smem_per_sm: int           # shared memory of an SM (bytes)
+    smem_reserved_per_block: int  # of it, kept by the system for each resident block (bytes)
     regs_per_sm: int           # 32-bit registers of an SM
+    reg_unit: int              # a thread's registers are given out in multiples of this (per warp:
+                               # units of 32 · reg_unit)
+    threads_per_sm: int        # resident threads an SM holds at most
+    max_blocks_per_sm: int     # resident blocks an SM holds at most
     wgmma: bool                # warpgroup MMA (wgmma_q4, wgmma_sk_q4) available
     # Blocks of gemv_q4 (8 warps, <= 64 registers at MT = 1, NT = 1) resident per SM: a weight of
     # fewer row tiles than sms * gemv_blocks_per_sm runs in one wave.
@@ -29,7 +34,9 @@ class ArchFacts:
         return self.gemv_blocks_per_sm * self.sms
 
 
-_H200 = dict(sms=132, smem_per_block=227 * 1024, smem_per_sm=228 * 1024, regs_per_sm=65536)
+_H200 = dict(sms=132, smem_per_block=227 * 1024, smem_per_sm=228 * 1024,
+             smem_reserved_per_block=1024, regs_per_sm=65536, reg_unit=8, threads_per_sm=2048,
+             max_blocks_per_sm=32)
 ARCHS = {
     "sm_90a": ArchFacts(name="sm_90a", wgmma=True, **_H200),
     "sm_90": ArchFacts(name="sm_90", wgmma=False, **_H200),

@@ -16,13 +16,13 @@ from .entries import BF, I32, Entry, cdiv
 # attn_span(n) slots; both depend on n only (never on B or the grid), so a row's output is
 # bitwise the same at every batch size. Version 10: 256 instead of 64 slots per split (a warp
 # merge and a 6 KiB partial per split were a quarter of the work at 64;
-# bench/2026-12-03-h200-v10-attn-sweep-2.txt). SP fixes the arithmetic: changing it needs new
-# golden runs.
+# dd8da46:bench/2026-12-03-h200-v10-attn-sweep-2.txt). SP fixes the arithmetic: changing it needs
+# new golden runs.
 ATTN_SPLIT = 256        # slots per split while n <= ATTN_SPLIT * ATTN_MAX_SPLITS
 ATTN_MAX_SPLITS = 32    # beyond that the span grows in steps of ATTN_SPLIT
 # NW (warps, 16 slots each per block step) fixes a row's arithmetic like ATTN_SPLIT: one value
-# at every B. scripts/attn_sweep.py on an H200 (bench/2026-12-03-h200-v10-attn-sweep-3.txt), us
-# per layer at T = 1024, B = 1 / 16 / 64: NW 4 14.1 / 28.2 / 85.6; NW 2 with two QK chains
+# at every B. scripts/attn_sweep.py on an H200 (dd8da46:bench/2026-12-03-h200-v10-attn-sweep-3.txt),
+# us per layer at T = 1024, B = 1 / 16 / 64: NW 4 14.1 / 28.2 / 85.6; NW 2 with two QK chains
 # 17.6 / 31.1 / 81.3. ST (ring stages), MB and the grid only reschedule it: Tuning.attn_*.
 # attn_tc serves at most 8 query heads per kv head (one n-tile of Pᵀ); lanes.check_model refuses
 # more before anything is emitted.
@@ -96,7 +96,7 @@ def attn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts, tnt: 
                         f"{arch.name} may have; use a smaller attn_st")
     targs = f"{d}, {h}, {hkv}, {pt}, {ATTN_TC_NW}, {st}, {ATTN_SPLIT}, {mb}"
     A = f"q38::AttnTcLaunch<{targs}>"
-    call = f"q38::attn_tc<{targs}" + (f", 1, {tnt}>" if tnt else ">")
+    call = f"q38::attn_tc<{targs}" + (f", {tnt}>" if tnt else ">")
     return Entry(
         f"q38_attn_tc_pt{pt}" + (f"_t{tnt}" if tnt else ""), call, ATTN_PARAMS, threads,
         smem=smem, min_blocks=mb,

@@ -94,7 +94,7 @@ class ScheduleBuilder:
         xt: x may be given in tile order (the caller's producer writes it so when
         tiled_input(wname, R) says). (Bigger tiles for the multi-row passes were tried: a 32-row
         tile made the B = 16 mtp verify step 8 % slower on an H200, one block per SM at
-        grid.y = 1; bench/NOTES.md.)"""
+        grid.y = 1; docs/PERFORMANCE.md.)"""
         w, btg, role = self.plan.weights[wname], self.btg, self.role(wname)
         n_out, k = w["rows"], w["k"]
         args = [["w", wname, "qweight"], ["w", wname, "scales"], buf(x), ["i32", ldx or k],
@@ -221,10 +221,10 @@ class ScheduleBuilder:
         if self.K:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, self.RS, int(verify),
                                           self.SLOTS, tnt=tnt))
-            L = gdn_launch(cfg, pt, self.tuning, self.RS)
+            L = gdn_launch(cfg, pt, self.RS)
         else:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, batch=B, tnt=tnt))
-            L = gdn_launch(cfg, pt, self.tuning)
+            L = gdn_launch(cfg, pt)
         n = self.linear_index[i]
         return {"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
                 "args": [buf("proj"), ["i32", self.n_in], buf("proj", C + Cv),

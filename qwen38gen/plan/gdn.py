@@ -16,18 +16,8 @@ GDN_NS = 1
 
 
 def _decode_instance(cfg: ModelConfig, pt: int, rs: int | None) -> bool:
-    """The plain program's decode-step instance (state in registers): where SR and GE apply."""
+    """The plain program's decode-step instance: where GE applies."""
     return pt == 1 and rs is None and cfg.linear_key_head_dim == 128
-
-
-def gdn_state_rows_in_smem(cfg: ModelConfig, pt: int, tuning: Tuning, rs: int | None = None) -> int:
-    """SR of the GDN instance: state rows per thread kept in shared memory (0: all in
-    registers), set by Tuning.gdn_sr only. Versions 12 to 16 kept 12 of 16 there from B = 20 on
-    (three items per SM instead of two; the step 13.53 -> 13.29 ms at B = 32 and 20.40 -> 20.17
-    at B = 64 then). Version 17 requests the state rows after the conv's inputs instead (GE,
-    gdn_state_rows_early), which took the 64-row GDN launch to 114.5 us against SR = 12's 127.5
-    (bench/NOTES.md)."""
-    return tuning.gdn_sr if _decode_instance(cfg, pt, rs) else 0
 
 
 def gdn_state_rows_early(cfg: ModelConfig, pt: int, tuning: Tuning, rs: int | None = None,
@@ -36,8 +26,10 @@ def gdn_state_rows_early(cfg: ModelConfig, pt: int, tuning: Tuning, rs: int | No
     conv's copies, which then queue behind 64 KiB of state loads per block); else the conv's
     copies first, then GE of a thread's 16 state rows, the others once the conv is done: the
     table's rule (plan/table.py) or Tuning.gdn_ge. Scheduling only: the same bits
-    (tests/gpu/test_gdn_kernels.py)."""
-    if not _decode_instance(cfg, pt, rs) or gdn_state_rows_in_smem(cfg, pt, tuning, rs):
+    (tests/gpu/test_gdn_kernels.py). It replaced SR, a thread's last state rows kept in shared
+    memory (versions 12 to 16; the 64-row GDN launch 114.5 us against SR = 12's 127.5; the
+    parameter is in dd8da46)."""
+    if not _decode_instance(cfg, pt, rs):
         return -1
     if tuning.gdn_ge is not None:
         return tuning.gdn_ge
@@ -45,22 +37,19 @@ def gdn_state_rows_early(cfg: ModelConfig, pt: int, tuning: Tuning, rs: int | No
     return rows if batch < table.GDN_GE_MIN_BATCH else table.GDN_GE_MANY
 
 
-def gdn_launch(cfg: ModelConfig, pt: int, tuning: Tuning, rs: int | None = None) -> dict:
+def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
     """Mirror of kernels/gdn.cuh GdnLaunch (the entry point static_asserts the two agree).
     rs: conv ring slots (None: K − 1, the non-mtp ring)."""
     dk, dv, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                      cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim)
-    sr = gdn_state_rows_in_smem(cfg, pt, tuning, rs)
     rs = k - 1 if rs is None else rs
     cols = dv // GDN_NS
     threads = cdiv((cols // 4) * 8, 32) * 32
     groups = 2 * dk // 8 + cols // 8
     floats = (4 * rs * groups + 4 * groups * (2 * k - 1) + pt * (2 * dk + 3 * cols) + cols
               + 4 * 8 * cols + 6 * pt)
-    if sr:
-        floats = cdiv(floats, 4) * 4 + 4 * sr * threads
-    return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS, "sr": sr,
-            "min_blocks": 1 if threads >= 512 else (768 if sr else 512) // threads,
+    return {"threads": threads, "smem": 4 * floats, "cluster": GDN_NS,
+            "min_blocks": 1 if threads >= 512 else 512 // threads,
             "blocks_per_seq": hv * GDN_NS}
 
 
@@ -75,22 +64,22 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
-    L = gdn_launch(cfg, pt, tuning, rs)
+    L = gdn_launch(cfg, pt, rs)
     targs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}, {GDN_NS}"
     params = ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
               (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"),
               ("const float*", "norm_w"), ("float", "eps"), ("q38::bf16*", "ring"),
               ("int*", "ring_arrivals"), ("float*", "state"), (I32, "pos"), (I32, "ntok"),
               ("q38::bf16*", "out"))
-    sr, ring = L["sr"], k - 1 if rs is None else rs
+    ring = k - 1 if rs is None else rs
     ge = gdn_state_rows_early(cfg, pt, tuning, rs, batch)
     gw = (arch.sms * L["min_blocks"]
           if 0 <= ge < dk // 8 and tuning.gdn_gw and batch <= table.GDN_GW_MAX_BATCH else 0)
-    name = (f"q38_gdn_pt{pt}" + (f"_sr{sr}" if sr else "")
+    name = (f"q38_gdn_pt{pt}"
             + (f"_rs{rs}_s{slots}_e{each}" if rs is not None else "") + (f"_ge{ge}" if ge >= 0 else "")
             + (f"_w{gw}" if gw else "") + (f"_t{tnt}" if tnt else ""))
-    call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {sr}, {tnt}, {ge}, {gw}>"
-    ltargs = f"{targs}, {ring}, {sr}"
+    call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {tnt}, {ge}, {gw}>"
+    ltargs = f"{targs}, {ring}"
     if rs is not None:
         params += ((I32, "slot"),)
     return Entry(

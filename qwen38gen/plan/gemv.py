@@ -33,7 +33,7 @@ def gemv_split(rows: int, k: int, mt: int, btg: int, R: int, tuning: Tuning,
     SMs' shares: down 24.9 -> 22.5 us, out 10.5 -> 10.0 us under PDL, the B = 16 step 8.58 ->
     8.37 ms. At one row (80 against 72 registers), on the multi-wave weights and at 32-row
     tiles (the out projection of B = 32 and 64, bound by its warps' own chain: 20.0 us at ZS 1
-    and 8) it did not win (bench/2026-12-03-h200-v12-gemv-sweep-zs*.txt). Tuning.gemv_zs: 1
+    and 8) it did not win (dd8da46:bench/2026-12-03-h200-v12-gemv-sweep-zs*.txt). Tuning.gemv_zs: 1
     never splits, 2, 4 or 8 split every one-wave weight at btg <= 16 that way."""
     ks = k_parts(k)
     one_wave = mt == 1 and rows // 16 < arch.gemv_wave
@@ -57,7 +57,7 @@ def gemv_config(role: str, rows: int, btg: int, arch: ArchFacts) -> tuple[int, i
 
 def swiglu_fuses(btg: int, R: int) -> bool:
     """Whether gate_up (on gemv_q4) takes SwiGLU into its epilogue at batch tile btg over R rows.
-    It needs MT = 2 (a gate and an up tile per block). Measured in the step (bench/NOTES.md,
+    It needs MT = 2 (a gate and an up tile per block). Measured in the step (docs/PERFORMANCE.md,
     version 11; fused against separate, same run): 16 rows, gate_up's own schedule, 8.732 ->
     8.599 ms at B = 16; 1 row with the cp.async ring, 5.141 -> 5.004 ms at B = 1; but at 4 and 8
     rows every MT = 2 schedule tried was slower than MT = 1 by more than the kernel saved (B = 8
@@ -87,7 +87,7 @@ def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0
     nt = btg // 8
     smem = gemv_smem(k, mt, st, a, zs)
     tmpl = (f"{k}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}"
-            + (f", 0, {ms}, {zs}" if zs > 1 else f", 0, {ms}" if ms else ""))
+            + (f", {ms}, {zs}" if zs > 1 else f", {ms}" if ms else ""))
     return Entry(name=f"q38_gemv_k{k}_m{mt}_n{nt}_s{ks}_e{epi}_st{st}_x{xs}" + ("_a1" if a else "")
                  + (f"_ms{ms}" if ms else "") + (f"_z{zs}" if zs > 1 else ""),
                  call=f"q38::gemv_q4<{tmpl}>",

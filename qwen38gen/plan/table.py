@@ -1,7 +1,7 @@
 """The schedule table: the plain program's launch choices as data, keyed by what a weight is (its
 role: tuning.ROLES) and the batch tile. Every entry only reschedules a row's arithmetic (the bits
 are gemv_q4's: tests/gpu/test_gemv_q4.py), so a choice may follow the role and the tile; each
-is the fastest measured on an H200 (bench/NOTES.md, the version named beside it). A program can
+is the fastest measured on an H200 (docs/PERFORMANCE.md, the version named beside it). A program can
 override a choice through its lanes' Tuning (tuning.py), which then shows in its name.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 # the row blocks fit the GPU in one wave (the down and out projections, 320 of them), occupancy is
 # not the limit and each warp's activation loads are: staged with the weights one group ahead
 # (XS = 1), the down projection at btg 8 took 15.9 against 20.5 us under PDL and out 6.8 against
-# 8.6 (bench/2026-12-02-h200-v6-gemv-sweep-persistent.txt).
+# 8.6 (dd8da46:bench/2026-12-02-h200-v6-gemv-sweep-persistent.txt).
 GEMV_Q4_DEFAULT = (1, 2, 0, 0)
 GEMV_Q4_ONE_WAVE = (1, 2, 1, 0)
 GEMV_Q4_ODD_TILES = (1, 2, 0, 0)
@@ -66,14 +66,14 @@ WGMMA_SPLIT_ONLY = ("down", "fc")
 # (btg, role) -> (WG, MW, XS, MB, PP) of wgmma_q4 with XT = 1: the activations already in tile
 # order, written so by their producer (the norm, SwiGLU, GDN or attention), each group's tile one
 # contiguous cp.async copy into the ring. Version 7's sweeps, us per launch under PDL. 64 rows
-# (bench/2026-12-02-h200-v7-gemv-sweep-xt.txt): gdn.in 49.4 -> 31.4, attn.in 48.3 -> 30.9,
+# (dd8da46:bench/2026-12-02-h200-v7-gemv-sweep-xt.txt): gdn.in 49.4 -> 31.4, attn.in 48.3 -> 30.9,
 # gate_up 111.5 -> 90.3, down 67.1 -> 60.4. 32 rows, with PP = 1 (two register sets: a group's
 # wgmmas run while the next is dequantized; -v7-gemv-sweep-pp.txt): gdn.in 26.0 and attn.in 25.6
 # against gemv_q4's ~35, gate_up 68.2 against ~74. At 64 rows PP measured within 2 % (gate_up 85.7
 # against 87.1 and 89.1 in two runs; the in projections 2 us slower), so only gate_up takes it
 # there. The lm_head (decode steps of lanes without mtp, where the final norm feeds it
 # directly): 441-443 us against gemm_q4's ~556 at 64 rows, 320 against 370 at 32. Version 8
-# (bench/2026-12-03-h200-v8-gemv-sweep-mb.txt): two ring stages and three blocks per SM (138
+# (dd8da46:bench/2026-12-03-h200-v8-gemv-sweep-mb.txt): two ring stages and three blocks per SM (138
 # registers, 3 x 40 KiB of ring) take gate_up at 64 rows from 86.2 (PP) to 72.2 us and the lm_head
 # from 442 to 403; the in projections (one wave at two blocks per SM) stay, 41.7 against 31.3
 # with two stages. The second sweep (-v8-gemv-sweep-mb2.txt): one warpgroup per block at three
@@ -81,9 +81,9 @@ WGMMA_SPLIT_ONLY = ("down", "fc")
 # rows, now in tile order: 30.6 against gemv_q4's 48.3), gate_up at 32 rows (54.0 against 68.3
 # with PP) and the 32-row lm_head (289.7 at four blocks per SM against ~320). At 16 rows gemv_q4
 # stays ahead on every role but the lm_head (221 against 241 us, a single launch: not taken).
-# 24 rows (version 16, m64n24k16; bench/2026-12-04-h200-v16-gemv-sweep-t24.txt, us under PDL):
-# gate_up 55.6 at ZS 4 and four blocks per SM (62.9 with the 32-row schedule, 53.7 at 32 rows),
-# the in projections 24.9 / 24.4 (PP), out 13.7 and down 26.5 (split as at 32 rows: 15.6 and
+# 24 rows (version 16, m64n24k16; dd8da46:bench/2026-12-04-h200-v16-gemv-sweep-t24.txt, us under
+# PDL): gate_up 55.6 at ZS 4 and four blocks per SM (62.9 with the 32-row schedule, 53.7 at 32
+# rows), the in projections 24.9 / 24.4 (PP), out 13.7 and down 26.5 (split as at 32 rows: 15.6 and
 # 30.6 there), the lm_head 287.0; the step's GEMVs 8.00 ms against 8.34 in 32-row tiles and
 # 10.39 in two 16-row tiles of gemv_q4 (whose 24-row instances lose: gate_up 63.6 us at one
 # block per SM, 147 registers). In the step B = 24 took 11.58 against 11.96 ms in 32-row tiles.
@@ -124,9 +124,9 @@ WGMMA_Q4_XT_RESIDENT: dict[tuple[int, str], int] = {(24, "down"): 5, (24, "out")
 # (btg, role) -> (CW, XS, PP) of wgmma_sk_q4 (version 18): a producer warp and CW consumer
 # warpgroups sharing each activation tile (x in tile order), the (tile-block, part) units cut
 # evenly over about one block per SM. scripts/gemv_sweep.py (GEMV_SWEEP=sk,
-# bench/2026-12-04-h200-v18-sk-sweep.txt, us under PDL against WGMMA_Q4_XT's schedule): 64 rows
-# gate_up 55.6 against 71.6, the lm_head 347 against 398, attn.in 28.3 against 30.7 (gdn.in 31.0
-# against 31.3); 32 rows gate_up 42.0 against 53.8, the lm_head 253 against 294; 24 rows
+# dd8da46:bench/2026-12-04-h200-v18-sk-sweep.txt, us under PDL against WGMMA_Q4_XT's schedule): 64
+# rows gate_up 55.6 against 71.6, the lm_head 347 against 398, attn.in 28.3 against 30.7 (gdn.in
+# 31.0 against 31.3); 32 rows gate_up 42.0 against 53.8, the lm_head 253 against 294; 24 rows
 # (GEMV_SWEEP=sk16, -sk-sweep-16-24.txt) gate_up 40.1 against 52.2, the lm_head 240 against 287.
 # The 24- and 32-row in projections (25.5 against 24.6, 28 against 26), out and down (their few
 # tile-blocks cut over many blocks: chains of published sums) stay on wgmma_q4, and 16 rows on
@@ -149,23 +149,23 @@ WGMMA_SK_ALL = (2, 4, 0)
 # ------------------------------------------------------------------------------------ gdn
 # GE (kernels/gdn.cuh) of the plain program's decode step: the conv's copies requested first,
 # then GE of a thread's 16 state rows, the others once the conv is done; 16 below
-# GDN_GE_MIN_BATCH and GDN_GE_MANY from there. scripts/gdn_bench.py, us per launch under PDL
-# against -1, every row first (bench/2026-12-04-h200-v17-gdn-ge.txt): B = 1 6.4-6.9 against
-# 7.3-9.6, B = 8 19.3 against 19.9; 4 rows at B = 16 31.8 against 35.2, 24 47.0 against 52.1, 32
-# 58.9 against 66.2, 64 114.5 against 126.1.
+# GDN_GE_MIN_BATCH and GDN_GE_MANY from there. scripts/gdn_bench.py (in dd8da46), us per launch
+# under PDL against -1, every row first (dd8da46:bench/2026-12-04-h200-v17-gdn-ge.txt): B = 1
+# 6.4-6.9 against 7.3-9.6, B = 8 19.3 against 19.9; 4 rows at B = 16 31.8 against 35.2, 24 47.0
+# against 52.1, 32 58.9 against 66.2, 64 114.5 against 126.1.
 GDN_GE_MIN_BATCH = 12
 GDN_GE_MANY = 4
 # GW: up to GDN_GW_MAX_BATCH rows, the first wave of blocks (sms x blocks per SM) requests every
-# row early. In the step (bench/2026-12-04-h200-v17-step-gw.json, ms, two rounds): B = 16 8.25 ->
-# 8.22 with it; but 24 11.23 -> 11.30, 32 12.85 -> 12.91, 64 19.46 -> 19.54 (under PDL the GDN's
-# first wave is resident while the gemv_q4 before it drains; after a wgmma_q4 launch, at 24 rows
-# and more, its early loads only hold up the conv: the likely reason, not measured).
+# row early. In the step (dd8da46:bench/2026-12-04-h200-v17-step-gw.json, ms, two rounds): B = 16
+# 8.25 -> 8.22 with it; but 24 11.23 -> 11.30, 32 12.85 -> 12.91, 64 19.46 -> 19.54 (under PDL the
+# GDN's first wave is resident while the gemv_q4 before it drains; after a wgmma_q4 launch, at 24
+# rows and more, its early loads only hold up the conv: the likely reason, not measured).
 GDN_GW_MAX_BATCH = 16
 
 # ------------------------------------------------------------------------------------ attention
 # attn_tc's schedule (kernels/attention_tc.cuh): ST ring stages and MB min blocks per SM only
 # reschedule a row's arithmetic (Tuning.attn_st, attn_mb); its 157 KiB of shared memory fit one
 # block per SM, so grid.x aims at ATTN_BLOCKS_PER_SM x sms blocks (Tuning.attn_grid). Version 10
-# (bench/2026-12-03-h200-v10-attn-sweep-3.txt): a third ring stage was no faster (28.9 against
-# 28.2 us at B = 16).
+# (dd8da46:bench/2026-12-03-h200-v10-attn-sweep-3.txt): a third ring stage was no faster (28.9
+# against 28.2 us at B = 16).
 ATTN_BLOCKS_PER_SM = 1

@@ -87,7 +87,7 @@ prep_{tag}(const bf16* qkv, int ld, const bf16* qn, const bf16* kn, float eps, f
 extern "C" __global__ void __launch_bounds__({A}::threads)
 attn_{tag}(const bf16* qbuf, const bf16* qkv, int ld, const bf16* kc, const bf16* vc, int tmax,
            const int* pos, const int* ntok, float* part, int* arrivals, bf16* o) {{
-  q38::attn_tc<{D}, {H}, {HKV}, {PT}, {knobs}{f", 1, {tnt}" if tnt else ""}>(qbuf, qkv, ld, kc, vc,
+  q38::attn_tc<{D}, {H}, {HKV}, {PT}, {knobs}{f", {tnt}" if tnt else ""}>(qbuf, qkv, ld, kc, vc,
                                             tmax, pos, ntok, part, arrivals, o);
 }}
 static_assert({A}::dyn_smem_bytes == {smem}, "the plan's shared memory size");

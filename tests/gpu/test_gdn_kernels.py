@@ -287,95 +287,47 @@ def test_gdn_prefill_then_decode(mod):
         pos = pos + 1
 
 
-# SR (ops.gdn_state_rows_in_smem): the last SR of a thread's DK/8 state rows live in shared memory
-# (three blocks per SM instead of two). Same arithmetic, so the same bits as SR = 0 (the NS = 1
-# instances of VARIANTS), and the reference's tolerances.
-SR_VARIANTS = [("27b", 1, 12), ("tiny", 1, 12), ("27b", 4, 12)]
-
-
-def sr_entry_name(geom: str, pt: int, sr: int) -> str:
-    return f"q38_gdn_{geom}_pt{pt}_sr{sr}"
-
-
-@pytest.fixture(scope="module")
-def mod_sr(cuda_ctx):
-    src = ['#include "gdn.cuh"']
-    for geom, pt, sr in SR_VARIANTS:
-        g = GEOMS[geom]
-        t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
-        L = f"q38::GdnLaunch<{t}, {sr}>"
-        n = sr_entry_name(geom, pt, sr)
-        src.append(f"__constant__ int {n}_launch[3] = {{{L}::threads, {L}::smem_bytes, "
-                   f"{L}::min_blocks}};\n"
-                   f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-                   f"{n}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}>({ARGS}); }}\n")
-    return build("\n".join(src))
-
-
-@pytest.mark.parametrize("geom,B,pt,sr", [(g, B, pt, sr) for g, pt, sr in SR_VARIANTS
-                                          for B in (1, 3, 17)])
-def test_gdn_state_rows_in_shared_memory(mod, mod_sr, geom, B, pt, sr):
-    import pycuda.driver as drv
-
-    g = GEOMS[geom]
-    n = sr_entry_name(geom, pt, sr)
-    ptr, _ = mod_sr.get_global(f"{n}_launch")
-    c = np.zeros(3, dtype=np.int32)
-    drv.memcpy_dtoh(c, ptr)
-    base = launch_py(g, pt, 1)
-    smem = 4 * (-(-base["smem"] // 16) * 4 + 4 * sr * base["threads"])
-    assert list(map(int, c)) == [base["threads"], smem, 768 // base["threads"]]
-    fn = mod_sr.get_function(n)
-    allow_dynamic_smem(fn, smem)
-    inp = make_inputs(g, B, pt, seed_of("sr", geom, B, pt, sr))
-    plain = run_gpu(mod, geom, pt, 1, inp)
-    got = run_gpu(mod_sr, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)))
-    check_same_bits(f"SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got, plain, "SR = 0")
-
-
 # TNT (version 13): out in wgmma_q4's activation tile order for 8·TNT-row tiles, which the out
 # projection reads with XT = 1 at batch tiles of 32 and 64 rows. Only where the values go
 # changes: out (read back into rows), ring and state bitwise as the row-order instance's.
-TNT_VARIANTS = [("27b", 1, 4, 0), ("27b", 1, 8, 12), ("tiny", 1, 8, 12), ("27b", 4, 8, 0),
-                ("27b", 1, 3, 12)]
+TNT_VARIANTS = [("27b", 1, 4), ("27b", 1, 8), ("tiny", 1, 8), ("27b", 4, 8), ("27b", 1, 3)]
 
 
-def tnt_entry_name(geom: str, pt: int, tnt: int, sr: int) -> str:
-    return f"q38_gdn_{geom}_pt{pt}_t{tnt}_sr{sr}"
+def tnt_entry_name(geom: str, pt: int, tnt: int) -> str:
+    return f"q38_gdn_{geom}_pt{pt}_t{tnt}"
 
 
-def variant_entry(name: str, geom: str, pt: int, sr: int, tail: str) -> str:
-    """An NS = 1 entry point of gdn_chunk<..., RS = K-1, EACH 0, SLOTS 1, SR, `tail`>."""
+def variant_entry(name: str, geom: str, pt: int, tail: str) -> str:
+    """An NS = 1 entry point of gdn_chunk<..., RS = K-1, EACH 0, SLOTS 1, `tail`>."""
     g = GEOMS[geom]
     t = f"{g.dk}, {g.dv}, {g.hk}, {g.hv}, {K}, {pt}, 1, {K - 1}"
-    L = f"q38::GdnLaunch<{t}, {sr}>"
+    L = f"q38::GdnLaunch<{t}>"
     return (f'extern "C" __global__ void __launch_bounds__({L}::threads, {L}::min_blocks)\n'
-            f"{name}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {sr}, {tail}>({ARGS}); }}\n")
+            f"{name}({PARAMS}) {{ q38::gdn_chunk<{t}, 0, 1, {tail}>({ARGS}); }}\n")
 
 
 @pytest.fixture(scope="module")
 def mod_tnt(cuda_ctx):
     return build("\n".join(['#include "gdn.cuh"'] + [
-        variant_entry(tnt_entry_name(geom, pt, tnt, sr), geom, pt, sr, f"{tnt}")
-        for geom, pt, tnt, sr in TNT_VARIANTS]))
+        variant_entry(tnt_entry_name(geom, pt, tnt), geom, pt, f"{tnt}")
+        for geom, pt, tnt in TNT_VARIANTS]))
 
 
-@pytest.mark.parametrize("geom,pt,tnt,sr", TNT_VARIANTS)
+@pytest.mark.parametrize("geom,pt,tnt", TNT_VARIANTS)
 @pytest.mark.parametrize("B", [1, 3, 17])
-def test_gdn_out_in_tile_order(mod, mod_tnt, geom, pt, tnt, sr, B):
+def test_gdn_out_in_tile_order(mod, mod_tnt, geom, pt, tnt, B):
     g = GEOMS[geom]
     base = launch_py(g, pt, 1)
-    smem = 4 * (-(-base["smem"] // 16) * 4 + 4 * sr * base["threads"]) if sr else base["smem"]
-    fn = mod_tnt.get_function(tnt_entry_name(geom, pt, tnt, sr))
-    allow_dynamic_smem(fn, smem)
-    inp = make_inputs(g, B, pt, seed_of("tnt", geom, B, pt, tnt, sr))
+    fn = mod_tnt.get_function(tnt_entry_name(geom, pt, tnt))
+    allow_dynamic_smem(fn, base["smem"])
+    inp = make_inputs(g, B, pt, seed_of("tnt", geom, B, pt, tnt))
     plain = run_gpu(mod, geom, pt, 1, inp)
-    got = run_gpu(mod_tnt, geom, pt, 1, inp, kern=(fn, dict(base, smem=smem)), tnt=tnt)
-    check_same_bits(f"TNT={tnt} SR={sr} {geom} B={B} PT={pt}", geom, pt, inp, got, plain,
+    got = run_gpu(mod_tnt, geom, pt, 1, inp, kern=(fn, base), tnt=tnt)
+    check_same_bits(f"TNT={tnt} {geom} B={B} PT={pt}", geom, pt, inp, got, plain,
                     "the row-order instance")
 
 
-# GE (ops.gdn_state_rows_early, version 17): the conv's copies are requested first, then GE of a
+# GE (plan.gdn.gdn_state_rows_early, version 17): the conv's copies are requested first, then GE of a
 # thread's 16 state rows, the rest after the conv. Only when the loads are issued changes, so
 # out, ring and state are the bits of the instance that requests every row first (the NS = 1
 # instances of VARIANTS), with out in rows and, as the program's 24- to 64-row lanes use it, in
@@ -392,7 +344,7 @@ def ge_entry_name(geom: str, ge: int, tnt: int, gw: int) -> str:
 @pytest.fixture(scope="module")
 def mod_ge(cuda_ctx):
     return build("\n".join(['#include "gdn.cuh"'] + [
-        variant_entry(ge_entry_name(geom, ge, tnt, gw), geom, 1, 0, f"{tnt}, {ge}, {gw}")
+        variant_entry(ge_entry_name(geom, ge, tnt, gw), geom, 1, f"{tnt}, {ge}, {gw}")
         for geom, ge, tnt, gw in GE_VARIANTS]))
 
 

@@ -227,8 +227,8 @@ def _swiglu_kernels(K: int, ks: int, ms: int) -> dict:
 extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R) {{
-  q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, 0, {ms}>(q, s, x, ldx, y,
-                                                                         ldy, N, R);
+  q38::gemv_q4<{K}, 2, {nt}, {ks}, q38::EPI_SWIGLU, {st}, {xs}, {a}, {ms}>(q, s, x, ldx, y, ldy,
+                                                                      N, R);
 }}""")
         src.append(SWIGLU_REF)
         mod = build("\n".join(src))
@@ -308,7 +308,7 @@ def _split_kernels(K: int, ks: int) -> dict:
 extern "C" __global__ void __launch_bounds__({32 * ks // z}, 1) __cluster_dims__({z}, 1, 1)
 {name}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y, int ldy,
        int N, int R) {{
-  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, 0, 0, {z}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_q4<{K}, {mt}, {nt}, {ks}, {epi}, {st}, {xs}, {a}, 0, {z}>(q, s, x, ldx, y, ldy, N, R);
 }}""")
         mod = build("\n".join(src))
         out = {}
