@@ -159,6 +159,7 @@ def test_cli_reference_bad_input(args, msg):
     assert r.stderr.startswith(msg) and r.stderr.count("\n") == 1 and not r.stdout
 
 
+@pytest.mark.slow
 def test_check_reference_wiring_with_a_perfect_fake_program(monkeypatch):
     """check_reference end to end on the tiny model with run_batches replaced by the reference on
     the same int4 weights (what a correct program computes, up to bf16): the program gets the
