@@ -510,9 +510,11 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
               help="JSON lines, one request each (docs/RUN_FORMAT.md).")
-@click.option("--backend", type=click.Choice(["gpu", "reference"]), default="gpu",
-              show_default=True, help="gpu: the emitted program (PyCUDA); reference: the numpy "
-                                      "reference on CPU, slowly, with the same scheduling.")
+@click.option("--backend", type=click.Choice(["gpu", "emu", "reference"]), default="gpu",
+              show_default=True, help="gpu: the emitted program (PyCUDA); emu: the emitted "
+                                      "program's schedule executed in numpy on CPU (not the CUDA "
+                                      "kernels), slowly; reference: the numpy reference on CPU, "
+                                      "slowly, with the same scheduling.")
 @click.option("--ctx", type=int, default=None,
               help="Positions per slot (default: the longest prompt + max_tokens - 1).")
 @click.option("--sampling-seed", type=int, default=0, show_default=True,
@@ -549,6 +551,13 @@ def run(model, weights_dir, seed, prompts_file, backend, ctx, sampling_seed, out
         from contextlib import nullcontext
 
         be_ctx = nullcontext(S.reference_backend(cfg, tensors, lanes.batch, lanes.pt, ctx))
+    elif backend == "emu":
+        from contextlib import nullcontext
+
+        from qwen38gen.emu.backend import NOTICE, EmuBackend
+
+        err.print(NOTICE, markup=False)
+        be_ctx = nullcontext(EmuBackend(cfg, lanes, tensors, ctx))
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:

@@ -186,7 +186,7 @@ def test_readers_refuse_an_older_manifest():
     tiles); an older one is a one-line error saying to re-emit."""
     from qwen38gen.manifest import MANIFEST_FORMAT
     from qwen38gen.runtime import Runtime
-    from tests.schedule_emu import Emu
+    from qwen38gen.emu.schedule import Emu
 
     cfg = PRESETS["tiny"]
     man = emit_program(cfg, Lanes.make(2)).manifest

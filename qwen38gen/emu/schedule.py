@@ -1,9 +1,11 @@
 """Run an emitted program's manifest schedule in numpy, each launch by the numpy op of its
-kernel (tests/gpu/ref_ops.py), on the manifest's own buffers, offsets and strides.
+kernel (emu/ops.py), on the manifest's own buffers, offsets and strides. It runs the program's
+schedule, not its CUDA kernels: buffers are fp64 (no bf16 rounding), weights the dequantized int4
+codes the program reads.
 
 It checks the emitter's plan (argument order, buffer offsets, strides, grids) on the CPU, where no
 kernel can run: if the schedule is wired right, the emulated program computes what the numpy
-reference computes. Each launch is dispatched by its kernel's "family" and read through the
+reference computes; and it is the engine's CPU backend (emu/backend.py). Each launch is dispatched by its kernel's "family" and read through the
 manifest's typed fields (format 2: qwen38gen/manifest.py), never through the kernel's name.
 """
 
@@ -11,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from qwen38gen.manifest import check_format
-from qwen38gen.plan.attention import attn_part_floats, attn_stride
-from qwen38gen.plan.program import resolve_shape
-from qwen38gen.runtime import fused_arrays, pack_weights
-from qwen38gen.weights import dequantize, xtile_index
-from tests.gpu import ref_ops as R
+from ..manifest import check_format
+from ..plan.attention import attn_part_floats, attn_stride
+from ..plan.program import resolve_shape
+from ..runtime import fused_arrays, pack_weights
+from ..weights import dequantize, xtile_index
+from . import ops as R
 
 
 class Emu:
