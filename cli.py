@@ -631,19 +631,25 @@ def _outcome_table(title, cols, res):
 @cli.command()
 @_lanes_options
 @_golden_option
-def check(golden_dir, **lane_kw):
+@click.option("--serve", is_flag=True,
+              help="The continuous-batching lock instead: 2B+1 requests (greedy and sampled) "
+                   "through B slots, each against itself run alone; without a GPU on the "
+                   "emulated schedule (numpy).")
+def check(golden_dir, serve, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
     from qwen38gen.check import check_gpu, validate_golden
     from qwen38gen.runtime import _drv
 
     lanes = _make_lanes(**lane_kw)
-    g = G.load_golden(folder=golden_dir)
     try:
         _drv()
         have_gpu = True
     except UserError as e:
         have_gpu, why = False, str(e)
+    if serve:
+        _check_serve(lanes, have_gpu, None if have_gpu else why)
+    g = G.load_golden(folder=golden_dir)
     if not have_gpu:
         res = validate_golden(g)
         _outcome_table("golden vs numpy reference (CPU)",
@@ -664,6 +670,30 @@ def check(golden_dir, **lane_kw):
     _verdict(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
              ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax", "state err",
               "status"), res, "sequences")
+
+
+def _check_serve(lanes, have_gpu: bool, why: str | None):
+    """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
+    from qwen38gen import golden as G
+    from qwen38gen import serve_lock as SL
+    from qwen38gen.config import PRESETS
+
+    if lanes.mtp:
+        raise UserError("check --serve drives the plain decode program; drop --mtp")
+    cfg = PRESETS[G.MODEL]
+    if have_gpu:
+        backend_of, where = SL.gpu_backends(cfg, lanes), "GPU"
+    else:
+        from rich.markup import escape
+
+        out.print(f"[yellow]no GPU[/yellow] ({escape(why)})")
+        out.print("The serve lock runs on the emu backend: the program's schedule in numpy, not "
+                  "the CUDA kernels.")
+        backend_of, where = SL.emu_backends(cfg, lanes), "emu"
+    res, _ = SL.serve_lock(backend_of, lanes.batch, lanes.pt, cfg)
+    out.print(f"lane {lanes.name}; {res.notes.pop()}")
+    _verdict(f"serve lock ({where}): batched vs alone",
+             ("request", "prompt", "max_tokens", "mode", "tokens", "status"), res, "requests")
 
 
 def _verdict(title: str, columns: tuple, res, unit: str):
