@@ -3,6 +3,10 @@
 * The lock (issue 32 item 5, on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
   different max_tokens) through B slots of the emulated program give every request exactly the
   tokens it gets alone (B = 1), greedy and sampled, at B = 1, 2, 3.
+* Tokens are chosen by the program (the step's argmax, or its sample phase: kernels/sampling.cuh
+  executed by its numpy twin on the parameters the host packed into its buffers): each request
+  gets the tokens the engine's host sampling gives on the same logits, and the sample phase runs
+  only in steps where some choosing slot samples.
 * A slot's reset zeroes its state and position and poisons its K/V with NaN: a schedule that
   read K/V past the new request's positions would put NaN in the logits, which is an error.
 """
@@ -30,11 +34,11 @@ MAX_TOKENS = (4, 1, 5, 3, 2, 6, 3)
 _T: dict = {}
 
 
-def emu_backend(B: int) -> EmuBackend:
+def emu_backend(B: int, device_sampling: bool = True) -> EmuBackend:
     cfg = PRESETS["tiny"]
     if "t" not in _T:
         _T["t"] = default_tensors(cfg)
-    return EmuBackend(cfg, Lanes.make(B, pt=PT), _T["t"], CTX)
+    return EmuBackend(cfg, Lanes.make(B, pt=PT), _T["t"], CTX, device_sampling=device_sampling)
 
 
 def lock_requests(mode: str) -> list[Request]:
@@ -83,6 +87,38 @@ def test_lock_emu_backend(B, mode):
         assert s.steps < sum(-(-n // PT) + m - 1 for n, m in zip(LENGTHS, MAX_TOKENS))
 
 
+class Counting(EmuBackend):
+    """Counts the sample phases run."""
+
+    def choose(self, positions):
+        runs = []
+        run = self.emu.run
+        self.emu.run = lambda ph: (runs.append(ph), run(ph))
+        try:
+            return super().choose(positions)
+        finally:
+            self.emu.run = run
+            self.sample_runs = getattr(self, "sample_runs", 0) + runs.count("sample")
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_the_programs_sampling_is_the_hosts(mode):
+    """Device sampling (the lock above) against host sampling of the same logits, B = 3."""
+    reqs = lock_requests(mode)
+    host = {r.id: (r.token_ids, r.finish_reason)
+            for r in Engine(emu_backend(3, device_sampling=False)).run(reqs)}
+    assert host == alone(mode)
+    cfg = PRESETS["tiny"]
+    be = Counting(cfg, Lanes.make(3, pt=PT), _T["t"], CTX)
+    eng = Engine(be)
+    assert {r.id: (r.token_ids, r.finish_reason) for r in eng.run(reqs)} == host
+    runs = getattr(be, "sample_runs", 0)
+    if mode == "greedy":
+        assert runs == 0
+    else:   # one per step in which a sampling slot chose a token, at most one per step
+        assert 0 < runs <= eng.stats.steps
+
+
 def test_reset_zeroes_the_slot_and_poisons_its_kv():
     be = emu_backend(2)
     be.prefill([[5, 6, 7], [8]])
@@ -99,7 +135,7 @@ def test_reset_zeroes_the_slot_and_poisons_its_kv():
 
 def test_reading_kv_past_the_position_is_caught():
     """A slot whose position was not reset reads the poisoned K/V: NaN logits, an error."""
-    be = emu_backend(2)
+    be = emu_backend(2, device_sampling=False)
     be.prefill([[5, 6, 7], [8, 9]])
     be.reset_slot(1)
     be.emu.buf["pos"][1] = 2          # as if the reset had kept the old position
@@ -108,6 +144,15 @@ def test_reading_kv_past_the_position_is_caught():
         be.decode([None, 4])
     lg = be.decode([3, None])          # slot 0 is unaffected
     assert np.isfinite(lg[0]).all()
+
+
+def test_the_sample_counter_is_the_position():
+    be = emu_backend(2)
+    be.prefill([[5, 6, 7], [8]])
+    assert set(be.choose({0: 3, 1: 1})) == {0, 1}
+    with pytest.raises(RuntimeError, match=r"^slot 1: the program's position 1 is not the "
+                                           r"position 2 of the token being chosen$"):
+        be.choose({1: 2})
 
 
 def test_bad_use():
