@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from qwen38gen import sampling as S
-from qwen38gen.emit import KERNELS_DIR
+from qwen38gen.resources import kernels_dir
+
+KERNELS_DIR = kernels_dir()
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SRC = (KERNELS_DIR / "sampling.cuh").read_text()
