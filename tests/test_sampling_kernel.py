@@ -16,10 +16,8 @@ import pytest
 from qwen38gen import sampling as S
 from qwen38gen.resources import kernels_dir
 
-KERNELS_DIR = kernels_dir()
-
 BF16 = np.dtype(ml_dtypes.bfloat16)
-SRC = (KERNELS_DIR / "sampling.cuh").read_text()
+SRC = (kernels_dir() / "sampling.cuh").read_text()
 
 
 def entry(v: int) -> str:
@@ -35,7 +33,7 @@ def test_compiles_through_the_gate(tmp_path, monkeypatch):
 
     monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
     src = '#include "sampling.cuh"\n' + entry(1024) + entry(248320)
-    res = G.compile_source(src, "sampling.cu", include_dirs=(str(KERNELS_DIR),))
+    res = G.compile_source(src, "sampling.cu", include_dirs=(str(kernels_dir()),))
     assert sorted(k.name for k in res.kernels) == ["q38_sample_v1024", "q38_sample_v248320"]
     for k in res.kernels:
         k.threads = 1024

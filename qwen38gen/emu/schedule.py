@@ -151,7 +151,7 @@ class Emu:
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]
-        # the ring's slots, states per sequence, a state per token (SR, GE, GW: schedule knobs,
+        # the ring's slots, states per sequence, a state per token (GE, GW: schedule knobs,
         # the same arithmetic)
         k = self.kernel(L)
         rs, slots, each = k["ring"], k["slots"], k["each"]
