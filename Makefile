@@ -1,7 +1,8 @@
 # qwen38gen: `make test` (the tests but the slow ones, under about 3 minutes on 2 cores),
-# `make test-slow` (the slow ones), `make run` (the main job on the embedded default), `make gate`
-# (compile the lane matrix with nvcc), `make install-check` (a wheel in a fresh venv runs emit,
-# gate and check from outside the checkout), `make device` (GPU checks, on the H200 machine).
+# `make test-slow` (the slow ones), `make run` (the main job end to end on the tiny preset, on
+# CPU), `make gate` (compile the lane matrix with nvcc), `make install-check` (a wheel in a fresh
+# venv runs emit, gate and check from outside the checkout), `make device` (GPU checks, on the
+# H200 machine).
 # CI (.ci/run) runs test, test-slow, gate and install-check.
 
 PYTHON ?= python3
@@ -34,12 +35,20 @@ test-slow: $(STAMP)
 install-check:
 	.ci/install-check $(PYTHON)
 
+# The main job end to end on the tiny preset, on a CPU machine (nvcc for the gate, no GPU): emit
+# the B = 2 program, gate it, run the committed requests through its schedule executed in numpy
+# (--backend emu: not the CUDA kernels), and check that every request batched gets the tokens it
+# gets alone (check --serve: on the GPU where there is one, else on the emulated schedule).
+RUN_LANE := --batch 2 --pt 4
 run: $(STAMP)
 	$(VENV)/bin/qwen38gen info tiny
-	$(VENV)/bin/qwen38gen generate --model tiny --prompt 1,2,3,4,5 --steps 8
-	$(VENV)/bin/qwen38gen emit --model tiny --batch 16 -o $(OUTDIR)/tiny-b16.cu
-	$(VENV)/bin/qwen38gen gate $(OUTDIR)/tiny-b16.cu
-	$(VENV)/bin/qwen38gen check --batch 16
+	$(VENV)/bin/qwen38gen emit --model tiny $(RUN_LANE) -o $(OUTDIR)/tiny-b2.cu
+	$(VENV)/bin/qwen38gen gate $(OUTDIR)/tiny-b2.cu
+	$(VENV)/bin/qwen38gen run --backend emu --model tiny $(RUN_LANE) \
+	  --prompts tests/data/run_requests.jsonl --output $(OUTDIR)/run-tiny-b2.jsonl \
+	  --json $(OUTDIR)/run-tiny-b2.json
+	cat $(OUTDIR)/run-tiny-b2.jsonl
+	$(VENV)/bin/qwen38gen check --serve $(RUN_LANE)
 
 gate: $(STAMP)
 	$(VENV)/bin/qwen38gen gate --matrix

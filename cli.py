@@ -433,9 +433,11 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
 @click.option("--min-p", type=float, default=None, help="With --prompt: min_p in [0, 1].")
 @click.option("--ignore-eos", is_flag=True,
               help="With --prompt: do not stop at the end-of-sequence ids.")
-@click.option("--backend", type=click.Choice(["gpu", "reference"]), default="gpu",
-              show_default=True, help="gpu: the emitted program (PyCUDA); reference: the numpy "
-                                      "reference on CPU, slowly, with the same scheduling.")
+@click.option("--backend", type=click.Choice(["gpu", "emu", "reference"]), default="gpu",
+              show_default=True, help="gpu: the emitted program (PyCUDA); emu: the emitted "
+                                      "program's schedule executed in numpy on CPU (not the CUDA "
+                                      "kernels), slowly; reference: the numpy reference on CPU, "
+                                      "slowly, with the same scheduling.")
 @click.option("--ctx", type=int, default=None,
               help="Positions per slot (default: the longest prompt + max_tokens - 1).")
 @click.option("--sampling-seed", type=int, default=0, show_default=True,
@@ -473,6 +475,13 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
         from contextlib import nullcontext
 
         be_ctx = nullcontext(S.reference_backend(cfg, tensors, lanes.batch, lanes.pt, ctx))
+    elif backend == "emu":
+        from contextlib import nullcontext
+
+        from qwen38gen.emu.backend import NOTICE, EmuBackend
+
+        err.print(NOTICE, markup=False)
+        be_ctx = nullcontext(EmuBackend(cfg, lanes, tensors, ctx))
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
@@ -619,7 +628,12 @@ def _outcome_table(title, cols, res):
                    "int4 weights, its greedy streams against the numpy reference teacher-forced "
                    "on them, with the golden comparison's tolerances (logits in units of their "
                    "standard deviation; GPU).")
-def check(model, golden_dir, ref_model, **lane_kw):
+
+@click.option("--serve", is_flag=True,
+              help="The continuous-batching lock instead: 2B+1 requests (greedy and sampled) "
+                   "through B slots, each against itself run alone; without a GPU on the "
+                   "emulated schedule (numpy).")
+def check(model, golden_dir, ref_model, serve, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
     from qwen38gen import golden as G
     from qwen38gen.check import check_gpu, check_model, validate_golden
@@ -628,17 +642,21 @@ def check(model, golden_dir, ref_model, **lane_kw):
 
     cfg = PRESETS[G.MODEL] if model is None else check_model(model, golden_dir)
     lanes = _make_lanes(**lane_kw)
+    if ref_model is not None and serve:
+        raise UserError("check: give --reference MODEL or --serve, not both")
     if ref_model is not None:
         if model is not None:
             raise UserError("check: give --model (a model with golden runs) or --reference MODEL "
                             "(a geometry checked against the numpy reference), not both")
         _check_reference(ref_model, lanes)
-    g = G.load_golden(cfg=cfg, folder=golden_dir)
     try:
         _drv()
         have_gpu = True
     except UserError as e:
         have_gpu, why = False, str(e)
+    if serve:
+        _check_serve(cfg, lanes, have_gpu, None if have_gpu else why)
+    g = G.load_golden(cfg=cfg, folder=golden_dir)
     if not have_gpu:
         res = validate_golden(g)
         _outcome_table("golden vs numpy reference (CPU)",
@@ -685,6 +703,27 @@ def _check_reference(model: str, lanes) -> None:
              "numpy reference", ("slot", "prompt", "length", "same as first", "σ",
                                  "max |Δlogit| / σ", "argmax", "state err", "status"),
              res, "sequences")
+
+
+def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
+    """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
+    from qwen38gen import serve_lock as SL
+
+    if lanes.mtp:
+        raise UserError("check --serve drives the plain decode program; drop --mtp")
+    if have_gpu:
+        backend_of, where = SL.gpu_backends(cfg, lanes), "GPU"
+    else:
+        from rich.markup import escape
+
+        out.print(f"[yellow]no GPU[/yellow] ({escape(why)})")
+        out.print("The serve lock runs on the emu backend: the program's schedule in numpy, not "
+                  "the CUDA kernels.")
+        backend_of, where = SL.emu_backends(cfg, lanes), "emu"
+    res, _ = SL.serve_lock(backend_of, lanes.batch, lanes.pt, cfg)
+    out.print(f"lane {lanes.name}; {res.notes.pop()}")
+    _verdict(f"serve lock ({where}): batched vs alone",
+             ("request", "prompt", "max_tokens", "mode", "tokens", "status"), res, "requests")
 
 
 def _verdict(title: str, columns: tuple, res, unit: str):

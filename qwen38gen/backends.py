@@ -6,7 +6,11 @@ CPU lock of the engine's scheduling. ``RuntimeBackend`` drives a ``runtime.Runti
 written from the runtime's code and has not run on a GPU yet (the GPU verification issue runs
 it): prefill chunks and decode steps are the program's own phases with per-slot ``ntok`` (0 =
 the slot idles: no state is written and its position does not move), and a slot's reset zeroes
-its recurrent state, conv ring and position (``Runtime.reset_slot``).
+its recurrent state, conv ring and position (``Runtime.reset_slot``). It chooses tokens on the
+device (``samples``): ``next`` [B] as the step's argmax wrote it, or as the program's sample phase
+(kernels/sampling.cuh) rewrites it where some choosing slot samples, over per-slot parameters
+uploaded when a slot takes a request; no B x V logits come to the host. That path is unverified
+on a GPU too (tests/gpu/test_engine.py covers it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 
 from .errors import UserError
 from .reference import Reference
+from .sampling import SamplingParams, pack_params
 
 
 class ReferenceBackend:
@@ -68,16 +73,33 @@ class RuntimeBackend:
         if rt.mtp:
             raise UserError("run's engine drives the plain decode program; a --mtp program "
                             "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+        if "sample" not in rt.manifest["schedule"]:
+            raise UserError("the program has no sample phase; emit it again with this version")
         self.rt = rt
         self.slots, self.chunk, self.ctx = rt.B, rt.pt, rt.tmax
         self.vocab = rt.cfg.vocab_size
+        self.samples = True
+        self.params = [SamplingParams()] * self.slots
         rt.reset()
 
     def reset_slot(self, slot: int) -> None:
         self.rt.reset_slot(slot)
 
-    def _logits(self) -> np.ndarray:
-        return self.rt.get("logits")[:self.slots].astype(np.float32)
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        self.params[slot] = params
+        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
+        self.rt.put("samp_fpar", fpar)
+        self.rt.put("samp_upar", upar.view(np.int32))
+
+    def choose(self, positions: dict[int, int]) -> dict[int, int]:
+        """The chosen tokens of these slots; the sample phase's counter is the slot's position
+        after the step (the position of the token being chosen)."""
+        if not positions:
+            return {}
+        if any(not self.params[b].greedy for b in positions):
+            self.rt.run_phase("sample")
+        nxt = self.rt.get("next")
+        return {b: int(nxt[b]) for b in positions}
 
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
         B, pt = self.slots, self.chunk
@@ -89,11 +111,10 @@ class RuntimeBackend:
         self.rt.put("tokens", toks)
         self.rt.put("ntok", ntok)
         self.rt.run_phase("prefill")
-        lg = self._logits()
-        return [lg[b] if len(c) else None for b, c in enumerate(chunks)]
+        return [None] * B
 
-    def decode(self, tokens: list[int | None]) -> np.ndarray:
+    def decode(self, tokens: list[int | None]) -> None:
         self.rt.put("tokens", np.array([0 if t is None else t for t in tokens], np.int32))
         self.rt.put("ntok", np.array([0 if t is None else 1 for t in tokens], np.int32))
         self.rt.run_phase("decode")
-        return self._logits()
+        return None

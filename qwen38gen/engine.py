@@ -20,6 +20,11 @@ whose tokens went through either path depending on its neighbours would not give
 gives alone. Waiting costs steps, which ``Stats`` counts (prefill chunks, decode steps, slot
 occupancy, and the steps the old lockstep batching would have taken for the same outputs).
 
+Where the backend chooses the tokens itself (``samples``: the program's argmax and its sample phase,
+kernels/sampling.cuh), the engine hands it each slot's sampling parameters when the slot takes a
+request (``set_sampling``) and asks for the chosen tokens after each step (``choose``) instead of
+reading logits; the rule is the same (sampling.py is its numpy twin).
+
 A sequence stops after a token of its stop ids or (unless ignore_eos) of the end-of-sequence ids
 ("stop", the token kept), at max_tokens new tokens or when its slot's context is full
 ("length"). Tokens are chosen by ``sampling.sample`` keyed by (seed, position), so a request's
@@ -61,6 +66,11 @@ class Backend(Protocol):
     def decode(self, tokens: list[int | None]) -> np.ndarray:
         """Feed one token to each slot with a token (None: idles); return logits [slots, vocab]
         (rows of idle slots are unspecified)."""
+
+    # A backend with ``samples = True`` chooses tokens on its side (its logits may be None):
+    #   set_sampling(slot, params): the parameters of the request the slot took;
+    #   choose({slot: position}) -> {slot: token}: after a step, the token each of these slots
+    #   chooses at that position (the position of the token being chosen).
 
 
 @dataclass
@@ -201,8 +211,7 @@ class Engine:
         self.sched.add(req)
         self.stats.requests += 1
 
-    def _choose(self, seq: Sequence, logits: np.ndarray) -> None:
-        t = sample(logits, seq.req.sampling, seq.position)
+    def _choose(self, seq: Sequence, t: int) -> None:
         seq.out.append(t)
         self.stats.output_tokens += 1
         if t in seq.req.stop_ids or (t in self.eos and not seq.req.ignore_eos):
@@ -212,8 +221,11 @@ class Engine:
 
     def step(self) -> list[Result]:
         """Admit, run one prefill chunk or decode step, choose tokens; the requests it finished."""
+        device = getattr(self.backend, "samples", False)
         for seq in self.sched.admit():
             self.backend.reset_slot(seq.slot)
+            if device:
+                self.backend.set_sampling(seq.slot, seq.req.sampling)
         plan = self.sched.schedule()
         if plan is None:
             return []
@@ -234,10 +246,15 @@ class Engine:
             logits = self.backend.decode([feed[b][0] if b in feed else None for b in range(B)])
             self.stats.decode_steps += 1
             self.stats.busy_decode += len(feed)
-            chose = [(running[b], logits[b]) for b in feed]
+            chose = [(running[b], None if logits is None else logits[b]) for b in feed]
+        if device:
+            picked = self.backend.choose({seq.slot: seq.position for seq, _ in chose})
+            tokens = [int(picked[seq.slot]) for seq, _ in chose]
+        else:
+            tokens = [sample(row, seq.req.sampling, seq.position) for seq, row in chose]
         done = []
-        for seq, row in chose:
-            self._choose(seq, row)
+        for (seq, _), t in zip(chose, tokens):
+            self._choose(seq, t)
             if seq.finish_reason:
                 self.sched.finish(seq)
                 done.append(Result(seq.req.id, seq.req.prompt, seq.out, seq.finish_reason))

@@ -14,7 +14,7 @@ from .config import ModelConfig
 from .engine import Result, Stats, check_request
 from .errors import UserError
 
-BACKENDS = ("gpu", "reference")
+BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
 VERSION = 2
 

@@ -1,6 +1,6 @@
 """Greedy speculative decoding on an emitted mtp-lane program (MODEL.md §8.2–8.3), written against
 a small executor interface so that the same loop runs on the GPU (``runtime.Runtime``: each
-schedule one CUDA graph) and on the numpy schedule emulator (``tests/schedule_emu.Emu``).
+schedule one CUDA graph) and on the numpy schedule emulator (``emu.schedule.Emu``).
 
 Executor: ``reset()`` (zero the per-sequence state and positions), ``put(name, array)``,
 ``get(name) -> array`` (the manifest buffer, shaped), ``run_phase(name)`` (one schedule).

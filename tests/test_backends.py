@@ -1,7 +1,10 @@
 """The GPU backend's host side without a GPU: ``Runtime.reset_slot`` zeroes exactly one slot of
 the emitted program's state buffers (byte spans checked on host copies of the buffers), and
 ``RuntimeBackend`` lays out prefill chunks and decode steps as the program reads them (tokens
-row b·pt + t, ntok 0 for an idle slot). The GPU itself runs it in the verification issue."""
+row b·pt + t, ntok 0 for an idle slot), uploads a slot's sampling parameters in
+sampling.pack_params's layout when it takes a request, and after a step reads ``next`` [B],
+running the sample phase first only where a choosing slot samples. The GPU itself runs it in the
+verification issue."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
 from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import DT, Runtime
+from qwen38gen.sampling import SamplingParams, pack_params
 
 
 class HostMem:
@@ -74,6 +78,7 @@ def test_reset_slot_zeroes_one_slot(B, slot):
 class Recorder:
     def __init__(self, rt):
         self.B, self.pt, self.tmax, self.cfg, self.mtp = rt.B, rt.pt, rt.tmax, rt.cfg, rt.mtp
+        self.manifest = rt.manifest
         self.log = []
 
     def reset(self):
@@ -86,21 +91,42 @@ class Recorder:
         self.log.append(("run", phase))
 
     def get(self, name):
-        assert name == "logits"
-        return np.arange(self.B * 4, dtype=np.float32).reshape(self.B, 4)
+        assert name == "next"
+        self.log.append(("get", name))
+        return np.arange(10, 10 + self.B, dtype=np.int32)
 
 
 def test_runtime_backend_layout():
     rec = Recorder(fake_runtime(3, pt=4))
     be = RuntimeBackend(rec)
     assert (be.slots, be.chunk, be.ctx) == (3, 4, 32)
-    rows = be.prefill([[5, 6, 7], [], [9]])
-    assert rows[1] is None and rows[0].tolist() == [0, 1, 2, 3] and rows[2].tolist() == [8, 9, 10, 11]
+    assert be.samples   # tokens are chosen on the device: no logits come back
+    assert be.prefill([[5, 6, 7], [], [9]]) == [None] * 3
     assert rec.log[1:] == [("put", "tokens", [5, 6, 7, 0, 0, 0, 0, 0, 9, 0, 0, 0]),
                            ("put", "ntok", [3, 0, 1]), ("run", "prefill")]
     rec.log.clear()
     be.decode([None, 4, 2])
     assert rec.log == [("put", "tokens", [0, 4, 2]), ("put", "ntok", [0, 1, 1]), ("run", "decode")]
+
+
+def test_runtime_backend_sampling():
+    rec = Recorder(fake_runtime(3, pt=4))
+    be = RuntimeBackend(rec)
+    rec.log.clear()
+    sp = SamplingParams(temperature=0.8, top_k=5, top_p=0.5, min_p=0.1, seed=(7 << 32) + 3)
+    be.set_sampling(1, sp)
+    fpar, upar, _ = pack_params([SamplingParams(), sp, SamplingParams()], [0, 0, 0])
+    assert rec.log == [("put", "samp_fpar", fpar.tolist()),
+                       ("put", "samp_upar", upar.view(np.int32).tolist())]
+    assert upar[1].tolist() == [5, 1 << 23, 3, 7]
+    rec.log.clear()
+    assert be.choose({0: 4, 2: 9}) == {0: 10, 2: 12}      # greedy slots: the step's argmax
+    assert rec.log == [("get", "next")]
+    rec.log.clear()
+    assert be.choose({1: 6, 2: 9}) == {1: 11, 2: 12}      # a sampling slot: the sample phase
+    assert rec.log == [("run", "sample"), ("get", "next")]
+    rec.log.clear()
+    assert be.choose({}) == {} and rec.log == []
 
 
 def test_runtime_backend_refuses_mtp():

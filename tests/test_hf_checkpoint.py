@@ -27,7 +27,7 @@ from qwen38gen.lanes import Lanes
 from qwen38gen.quantize import dequantized_weights, load_quantized
 from qwen38gen.reference import Reference
 from qwen38gen.weights import synthetic_tensor
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 from tests._blas_threads import single_threaded  # noqa: F401
 

@@ -21,7 +21,7 @@ from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes, check_model
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 from tests._blas_threads import single_threaded  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The emitted schedule, executed in numpy (tests/schedule_emu.py), equals the numpy reference.
+"""The emitted schedule, executed in numpy (qwen38gen/emu/schedule.py), equals the numpy reference.
 
 This checks the wiring of the program on the CPU: argument order, buffer offsets, row strides,
 grids, the prefill chunk loop with sequences of different lengths (some idle in a chunk), and
@@ -16,7 +16,7 @@ from qwen38gen.plan.arch import arch_facts
 from qwen38gen.tuning import ROLES, Tuning
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 TOL = 1e-9  # both sides are fp64 on the same dequantized weights; only summation order differs
 

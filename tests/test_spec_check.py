@@ -13,7 +13,7 @@ from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 
 class EmuRuntime(Emu):

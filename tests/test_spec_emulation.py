@@ -1,5 +1,5 @@
 """The mtp lane's schedules (prefill + MTP rows, verify + accept + MTP rows + drafts), executed in
-numpy by tests/schedule_emu.py and driven by the same loop as on the GPU (qwen38gen.spec_runtime),
+numpy by qwen38gen/emu/schedule.py and driven by the same loop as on the GPU (qwen38gen.spec_runtime),
 give exactly the greedy token streams of the numpy reference (``Reference.generate``).
 
 Checked at K = 1 and 2 drafts, B = 3 prompts of 1, 5 and 20 tokens with pt = 16 (the 20-token
@@ -23,7 +23,7 @@ from qwen38gen.reference import Reference
 from qwen38gen.spec_runtime import speculative_run, tmax_needed
 from qwen38gen.speculative import speculative_generate
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 TOL = 1e-9  # fp64 on both sides on the same dequantized weights; only summation order differs
 PT = 16

@@ -12,6 +12,8 @@ from .attention import attn_part_floats, attn_stride
 from .builder import ScheduleBuilder
 from .elementwise import TOPK, topk_entry
 from .entries import HEADERS, MTP_HEADERS, Plan, buf, cdiv, fused_weights, raw_dtype
+from .sampling import HEADER as SAMPLE_HEADER
+from .sampling import sample_buffers, sample_phase
 from .speculative import SpecBuilder
 
 
@@ -96,7 +98,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     K = lanes.mtp
     wgmma = arch_facts(lanes.arch).wgmma
     plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh", "wgmma_sk_q4.cuh"] if wgmma else [])
-                + (MTP_HEADERS if K else []))
+                + (MTP_HEADERS if K else []) + ([] if K else [SAMPLE_HEADER]))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     plan.constants = [("Q38_BATCH", lanes.batch), ("Q38_BTG", lanes.btg), ("Q38_PT", lanes.pt),
@@ -121,4 +123,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     # Optional, after a step: the top-k logits of each sequence's sampled row.
     plan.schedule["topk"] = [{"k": tk.name, "grid": [lanes.batch, 1, 1],
                               "args": [buf("logits"), buf("topk_val"), buf("topk_idx")]}]
+    if not K:   # optional, after a step where some slot samples (the mtp lane decodes greedily)
+        plan.buffers.update(sample_buffers(lanes.batch))
+        plan.schedule["sample"] = sample_phase(plan, lanes.batch, cfg.vocab_size)
     return plan

@@ -54,3 +54,26 @@ def test_engine_lock_on_the_gpu(B, mode):
         got = {r.id: r.token_ids for r in eng.run(reqs)}
     assert got == alone
     assert eng.stats.output_tokens == sum(MAX_TOKENS)
+
+
+def test_sample_phase_is_the_twin():
+    """The program's sample phase (RuntimeBackend.choose) picks what sampling.sample picks on the
+    program's own bf16 logits, at the slot's position, after a prefill chunk and a decode step."""
+    from qwen38gen.sampling import sample
+
+    cfg, B = PRESETS["tiny"], 3
+    cubin, man = build(cfg, Lanes.make(B, pt=PT))
+    params = [SamplingParams(temperature=0.8, seed=5), SamplingParams(),
+              SamplingParams(temperature=1.3, top_k=20, top_p=0.9, min_p=0.01, seed=9)]
+    with Runtime(cubin, man, cfg, default_tensors(cfg), 64) as rt:
+        be = RuntimeBackend(rt)
+        for b, p in enumerate(params):
+            be.reset_slot(b)
+            be.set_sampling(b, p)
+        be.prefill([[1, 2, 3], [4], [5, 6, 7, 8, 9]])
+        for step in range(2):
+            pos = [int(x) for x in rt.get("pos")]
+            got = be.choose({b: pos[b] for b in range(B)})
+            lg = rt.get("logits")[:B].astype(np.float32)
+            assert got == {b: sample(lg[b], params[b], pos[b]) for b in range(B)}, step
+            be.decode([got[b] for b in range(B)])

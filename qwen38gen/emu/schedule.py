@@ -1,9 +1,11 @@
 """Run an emitted program's manifest schedule in numpy, each launch by the numpy op of its
-kernel (tests/gpu/ref_ops.py), on the manifest's own buffers, offsets and strides.
+kernel (emu/ops.py), on the manifest's own buffers, offsets and strides. It runs the program's
+schedule, not its CUDA kernels: buffers are fp64 (no bf16 rounding), weights the dequantized int4
+codes the program reads.
 
 It checks the emitter's plan (argument order, buffer offsets, strides, grids) on the CPU, where no
 kernel can run: if the schedule is wired right, the emulated program computes what the numpy
-reference computes. Each launch is dispatched by its kernel's "family" and read through the
+reference computes; and it is the engine's CPU backend (emu/backend.py). Each launch is dispatched by its kernel's "family" and read through the
 manifest's typed fields (format 2: qwen38gen/manifest.py), never through the kernel's name.
 """
 
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from qwen38gen.manifest import check_format
-from qwen38gen.plan.attention import attn_part_floats, attn_stride
-from qwen38gen.plan.program import resolve_shape
-from qwen38gen.runtime import fused_arrays, pack_weights
-from qwen38gen.weights import dequantize, xtile_index
-from tests.gpu import ref_ops as R
+from ..manifest import check_format
+from ..plan.attention import attn_part_floats, attn_stride
+from ..plan.program import resolve_shape
+from ..runtime import fused_arrays, pack_weights
+from ..sampling import TOP_P_BITS, SamplingParams, sample
+from ..weights import dequantize, xtile_index
+from . import ops as R
 
 
 class Emu:
@@ -229,6 +232,16 @@ class Emu:
     def k_topk(self, L, pt):
         pass
 
+    def k_sample(self, L, pt):
+        """kernels/sampling.cuh, by its numpy twin (sampling.sample) on the parameters unpacked
+        from the kernel's arguments (the inverse of sampling.pack_params)."""
+        a, R_ = L["args"], L["grid"][0]
+        lg = self.view(a[0], (R_, self.cfg.vocab_size))
+        fpar, upar = self.view(a[1], (R_, 2)), self.view(a[2], (R_, 4))
+        ctr, tok = self.view(a[3], (R_,)), self.view(a[4], (R_,))
+        for r in range(R_):
+            tok[r] = sample(lg[r], unpack_params(fpar[r], upar[r]), int(ctr[r]))
+
     def k_spec(self, L, pt):
         """kernels/speculative.cuh."""
         a, B, kind = L["args"], self.B, self.kernel(L)["family"].partition("_")[2]
@@ -259,6 +272,14 @@ class Emu:
             self.view(a[0], (B, stride))[:, j] = self.view(a[1], (B,))
         else:
             raise ValueError(L["k"])
+
+
+def unpack_params(fpar, upar) -> SamplingParams:
+    """One row of sampling.pack_params's arrays back to its parameters (what the kernel reads)."""
+    u = [int(v) & 0xFFFFFFFF for v in upar]
+    top_k = u[0] - (1 << 32) if u[0] >> 31 else u[0]
+    return SamplingParams(temperature=float(np.float32(fpar[0])), min_p=float(np.float32(fpar[1])),
+                          top_k=top_k, top_p=u[1] / (1 << TOP_P_BITS), seed=u[2] | (u[3] << 32))
 
 
 # Families one method serves (the others by their own name).

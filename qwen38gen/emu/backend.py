@@ -1,0 +1,125 @@
+"""The engine's backend on the emulated schedule (``run --backend emu``): the program emitted for
+the lanes, its weights packed as the GPU runtime packs them (int4 g128 codes and scales, from a
+checkpoint or synthetic), and its prefill and decode phases executed in numpy per engine step.
+
+It runs the program's schedule, not its CUDA kernels (no GPU, no nvcc; fp64 buffers), so it
+checks the engine against the program's own phases, buffers and per-slot ``ntok`` on any machine.
+
+Tokens are chosen as the program chooses them (``samples``): the step's argmax where every
+choosing slot is greedy, else the program's sample phase (kernels/sampling.cuh, executed by its
+numpy twin) over per-slot parameters filled when a slot takes a request; ``device_sampling=False``
+returns logits for the engine to sample on the host instead (the same rule).
+
+A slot's reset zeroes its recurrent state, conv ring and position as ``Runtime.reset_slot`` does,
+and fills its K/V cache with NaN: attention must read only the positions the new request wrote,
+and a NaN in the logits of a slot that fed tokens is an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..sampling import SamplingParams, pack_params
+from .schedule import Emu
+
+NOTICE = ("emu backend: runs the emitted program's schedule in numpy on the CPU (slowly), "
+          "not the CUDA kernels")
+
+
+class EmuBackend:
+    """B slots of the emitted program, emulated (engine.Backend)."""
+
+    def __init__(self, cfg: ModelConfig, lanes, tensors: dict, ctx: int,
+                 device_sampling: bool = True):
+        from ..emit import emit_program
+
+        if lanes.mtp:
+            raise UserError("run's engine drives the plain decode program; a --mtp program "
+                            "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+        if ctx < 1:
+            raise UserError(f"ctx {ctx} must be ≥ 1")
+        self.manifest = emit_program(cfg, lanes).manifest
+        self.emu = Emu(self.manifest, cfg, tensors, tmax=ctx)
+        self.slots, self.chunk, self.ctx = lanes.batch, self.manifest["schedule"]["prefill_pt"], ctx
+        self.vocab = cfg.vocab_size
+        self.emu.reset()
+        self.samples = device_sampling
+        self.params = [SamplingParams()] * self.slots
+
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        """The sampling parameters of the request slot took, into the program's buffers."""
+        self.params[slot] = params
+        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
+        self.emu.put("samp_fpar", fpar)
+        self.emu.put("samp_upar", upar.view(np.int32))
+
+    def choose(self, positions: dict[int, int]) -> dict[int, int]:
+        """The tokens of these slots after a step: ``next`` as the step's argmax wrote it, or as
+        the sample phase rewrites it where some slot samples. The sample phase's counter is the
+        slot's position after the step: it must be the position of the token being chosen."""
+        if not positions:
+            return {}
+        pos = self.emu.buf["pos"]
+        for b, p in positions.items():
+            if pos[b] != p:
+                raise RuntimeError(f"slot {b}: the program's position {pos[b]} is not the "
+                                   f"position {p} of the token being chosen")
+        if any(not self.params[b].greedy for b in positions):
+            self.emu.run("sample")
+        nxt = self.emu.buf["next"]
+        return {b: int(nxt[b]) for b in positions}
+
+    def reset_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside 0..{self.slots - 1}")
+        emu = self.emu
+        for name, spec in self.manifest["buffers"].items():
+            if not (spec.get("state") or name == "pos"):
+                continue
+            a = emu.buf[name].reshape(emu._shape(name))
+            if name in ("pos", "slot"):                      # [B]
+                a[slot] = 0
+            elif name in ("conv", "rec"):                    # [layers, B, ...]
+                a[:, slot] = 0
+            elif name in ("kc", "vc"):                       # [layers, B, ...]: never read
+                a[:, slot] = np.nan
+            else:
+                raise ValueError(f"reset_slot does not know the state buffer {name!r}")
+
+    def _check(self, fed: list[int]) -> None:
+        pos = self.emu.buf["pos"]
+        for b, n in enumerate(fed):
+            if pos[b] + n > self.ctx:
+                raise ValueError(f"slot {b}: position {pos[b]} + {n} tokens passes the context "
+                                 f"{self.ctx}")
+
+    def _logits(self, fed: list[int]) -> np.ndarray | None:
+        lg = self.emu.get("logits")[:self.slots]
+        for b, n in enumerate(fed):
+            if n and not np.isfinite(lg[b]).all():
+                raise RuntimeError(f"slot {b}: NaN in the logits: the schedule read K/V past "
+                                   "the slot's position")
+        return None if self.samples else lg
+
+    def _phase(self, phase: str, toks: np.ndarray, fed: list[int]) -> np.ndarray:
+        self._check(fed)
+        self.emu.put("tokens", toks)
+        self.emu.put("ntok", np.asarray(fed, np.int64))
+        self.emu.run(phase)
+        return self._logits(fed)
+
+    def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
+        B, pt = self.slots, self.chunk
+        if len(chunks) != B or any(len(c) > pt for c in chunks):
+            raise ValueError(f"a prefill chunk is {B} lists of at most {pt} tokens")
+        toks = np.zeros(B * pt, np.int64)
+        for b, c in enumerate(chunks):
+            toks[b * pt:b * pt + len(c)] = c
+        lg = self._phase("prefill", toks, [len(c) for c in chunks])
+        return [lg[b] if len(c) and lg is not None else None for b, c in enumerate(chunks)]
+
+    def decode(self, tokens: list[int | None]) -> np.ndarray | None:
+        toks = np.array([0 if t is None else t for t in tokens], np.int64)
+        return self._phase("decode", toks, [0 if t is None else 1 for t in tokens])

@@ -1,0 +1,37 @@
+"""The sampler (kernels/sampling.cuh) as the program's optional phase ``schedule["sample"]``: one
+launch over the B rows of logits after a decode step or a prefill chunk, writing ``next`` (the
+token each slot chooses) by the rule of qwen38gen/sampling.py, the numpy twin that defines it.
+
+Its per-slot parameters live in buffers the host fills when a slot takes a request
+(``sampling.pack_params``'s layout): samp_fpar [B, 2] (temperature, min_p), samp_upar [B, 4]
+(top_k, top_p in 2^-24, seed low and high words; uint32 bit patterns in an int32 buffer). The
+Philox counter of a row is the position of the token being chosen, which is the slot's ``pos``
+after the step's advance. The phase runs only when some slot samples; greedy steps keep the
+step's own argmax.
+"""
+
+from __future__ import annotations
+
+from .entries import BF, I32, Entry, buf
+
+HEADER = "sampling.cuh"
+
+
+def sample_entry(v: int) -> Entry:
+    return Entry(f"q38_sample_v{v}", f"q38::sample_rows<{v}>",
+                 ((BF, "logits"), ("const float*", "fpar"), ("const uint32_t*", "upar"),
+                  (I32, "ctr"), ("int*", "tok")), 1024,
+                 asserts=(f"q38::SampleLaunch<{v}>::threads == 1024",), family="sample")
+
+
+def sample_buffers(batch: int) -> dict:
+    return {"samp_fpar": {"dtype": "float32", "shape": [batch, 2]},
+            "samp_upar": {"dtype": "int32", "shape": [batch, 4]}}
+
+
+def sample_phase(plan, batch: int, vocab: int) -> list[dict]:
+    """The sample phase's launch (its entry added to the plan): one block per slot."""
+    e = plan.entry(sample_entry(vocab))
+    return [{"k": e.name, "grid": [batch, 1, 1],
+             "args": [buf("logits"), buf("samp_fpar"), buf("samp_upar"), buf("pos"),
+                      buf("next")]}]

@@ -1,0 +1,171 @@
+"""The engine on the emitted program's schedule executed in numpy (qwen38gen/emu/backend.py).
+
+* The lock (issue 32 item 5, on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
+  different max_tokens) through B slots of the emulated program give every request exactly the
+  tokens it gets alone (B = 1), greedy and sampled, at B = 1, 2, 3.
+* Tokens are chosen by the program (the step's argmax, or its sample phase: kernels/sampling.cuh
+  executed by its numpy twin on the parameters the host packed into its buffers): each request
+  gets the tokens the engine's host sampling gives on the same logits, and the sample phase runs
+  only in steps where some choosing slot samples.
+* A slot's reset zeroes its state and position and poisons its K/V with NaN: a schedule that
+  read K/V past the new request's positions would put NaN in the logits, which is an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen38gen.check import default_tensors
+from qwen38gen.config import PRESETS
+from qwen38gen.emu.backend import EmuBackend
+from qwen38gen.engine import Engine
+from qwen38gen.errors import UserError
+from qwen38gen.lanes import Lanes
+from qwen38gen.requests import Request, default_seed
+from qwen38gen.sampling import SamplingParams
+
+from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
+
+PT = 4
+CTX = 24
+LENGTHS = (1, 9, 3, 12, 4, 6, 2)           # 1 to 3 chunks of 4
+MAX_TOKENS = (4, 1, 5, 3, 2, 6, 3)
+_T: dict = {}
+
+
+def emu_backend(B: int, device_sampling: bool = True) -> EmuBackend:
+    cfg = PRESETS["tiny"]
+    if "t" not in _T:
+        _T["t"] = default_tensors(cfg)
+    return EmuBackend(cfg, Lanes.make(B, pt=PT), _T["t"], CTX, device_sampling=device_sampling)
+
+
+def lock_requests(mode: str) -> list[Request]:
+    rng = np.random.default_rng(9)
+    out = []
+    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
+        prompt = tuple(int(t) for t in rng.integers(0, 1024, n))
+        sp = (SamplingParams() if mode == "greedy" else
+              SamplingParams(temperature=0.8, seed=default_seed(17, i),
+                             top_k=50 if i % 3 == 0 else -1, top_p=0.9 if i % 2 else 1.0))
+        out.append(Request(f"r{i}", prompt, m, sampling=sp))
+    return out
+
+
+_ALONE: dict = {}
+
+
+def alone(mode: str) -> dict:
+    """Each request run alone, on one slot (the slot's reset between them: what carries over
+    is poisoned or zeroed)."""
+    if mode not in _ALONE:
+        out = {}
+        be = _T.setdefault("alone", emu_backend(1))
+        for r in lock_requests(mode):
+            (res,) = Engine(be).run([r])
+            out[r.id] = (res.token_ids, res.finish_reason)
+        _ALONE[mode] = out
+    return _ALONE[mode]
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("B", [1, 2, 3])
+def test_lock_emu_backend(B, mode):
+    reqs = lock_requests(mode)
+    assert len(reqs) >= 2 * B + 1
+    eng = Engine(emu_backend(B))
+    got = {r.id: (r.token_ids, r.finish_reason) for r in eng.run(reqs)}
+    assert got == alone(mode)
+    assert [len(got[r.id][0]) for r in reqs] == list(MAX_TOKENS)
+    if mode == "sampled":   # sampling changed something: not the greedy tokens
+        greedy = alone("greedy")
+        assert sum(got[r.id][0] != greedy[r.id][0] for r in reqs) >= 3
+    s = eng.stats
+    assert s.output_tokens == sum(MAX_TOKENS) and 0 < s.occupancy <= 1
+    if B > 1:   # slots were reused: more requests than slots, fewer steps than one at a time
+        assert s.steps < sum(-(-n // PT) + m - 1 for n, m in zip(LENGTHS, MAX_TOKENS))
+
+
+class Counting(EmuBackend):
+    """Counts the sample phases run."""
+
+    def choose(self, positions):
+        runs = []
+        run = self.emu.run
+        self.emu.run = lambda ph: (runs.append(ph), run(ph))
+        try:
+            return super().choose(positions)
+        finally:
+            self.emu.run = run
+            self.sample_runs = getattr(self, "sample_runs", 0) + runs.count("sample")
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_the_programs_sampling_is_the_hosts(mode):
+    """Device sampling (the lock above) against host sampling of the same logits, B = 3."""
+    reqs = lock_requests(mode)
+    host = {r.id: (r.token_ids, r.finish_reason)
+            for r in Engine(emu_backend(3, device_sampling=False)).run(reqs)}
+    assert host == alone(mode)
+    cfg = PRESETS["tiny"]
+    be = Counting(cfg, Lanes.make(3, pt=PT), _T["t"], CTX)
+    eng = Engine(be)
+    assert {r.id: (r.token_ids, r.finish_reason) for r in eng.run(reqs)} == host
+    runs = getattr(be, "sample_runs", 0)
+    if mode == "greedy":
+        assert runs == 0
+    else:   # one per step in which a sampling slot chose a token, at most one per step
+        assert 0 < runs <= eng.stats.steps
+
+
+def test_reset_zeroes_the_slot_and_poisons_its_kv():
+    be = emu_backend(2)
+    be.prefill([[5, 6, 7], [8]])
+    emu = be.emu
+    before = {n: emu.get(n) for n in ("conv", "rec", "kc", "pos")}
+    be.reset_slot(1)
+    after = {n: emu.get(n) for n in ("conv", "rec", "kc", "pos")}
+    assert list(after["pos"]) == [3, 0]
+    assert not after["conv"][:, 1].any() and not after["rec"][:, 1].any()
+    assert np.isnan(after["kc"][:, 1]).all() and not np.isnan(after["kc"][:, 0]).any()
+    for n in ("conv", "rec", "kc"):   # slot 0 untouched
+        assert np.array_equal(after[n][:, 0], before[n][:, 0])
+
+
+def test_reading_kv_past_the_position_is_caught():
+    """A slot whose position was not reset reads the poisoned K/V: NaN logits, an error."""
+    be = emu_backend(2, device_sampling=False)
+    be.prefill([[5, 6, 7], [8, 9]])
+    be.reset_slot(1)
+    be.emu.buf["pos"][1] = 2          # as if the reset had kept the old position
+    with pytest.raises(RuntimeError, match=r"^slot 1: NaN in the logits: the schedule read K/V "
+                                           r"past the slot's position$"):
+        be.decode([None, 4])
+    lg = be.decode([3, None])          # slot 0 is unaffected
+    assert np.isfinite(lg[0]).all()
+
+
+def test_the_sample_counter_is_the_position():
+    be = emu_backend(2)
+    be.prefill([[5, 6, 7], [8]])
+    assert set(be.choose({0: 3, 1: 1})) == {0, 1}
+    with pytest.raises(RuntimeError, match=r"^slot 1: the program's position 1 is not the "
+                                           r"position 2 of the token being chosen$"):
+        be.choose({1: 2})
+
+
+def test_bad_use():
+    cfg = PRESETS["tiny"]
+    with pytest.raises(UserError, match=r"^run's engine drives the plain decode program; a --mtp "
+                                        r"program \(speculative decoding\) runs in `check --mtp` "
+                                        r"and `bench --mtp`$"):
+        EmuBackend(cfg, Lanes.make(1, pt=PT, mtp=1), {}, CTX)
+    be = emu_backend(1)
+    with pytest.raises(ValueError, match=r"^a prefill chunk is 1 lists of at most 4 tokens$"):
+        be.prefill([[1, 2, 3, 4, 5]])
+    be.prefill([[1, 2, 3, 4]])
+    be.emu.buf["pos"][0] = CTX
+    with pytest.raises(ValueError, match=rf"^slot 0: position {CTX} \+ 1 tokens passes the "
+                                         rf"context {CTX}$"):
+        be.decode([1])
