@@ -1,6 +1,6 @@
 """scripts/one_step.py's scenario (what compute-sanitizer runs on the device: a prefill chunk, a
 decode step and a continuous-batching refill at B = 3) on the emitted schedule's numpy emulation
-(tests/schedule_emu.py): its assertions hold (positions; a refill prefill with the other slots
+(qwen38gen/emu/schedule.py): its assertions hold (positions; a refill prefill with the other slots
 idle leaves their state alone), and the refilled slot then computes what a fresh slot computes
 with the same tokens."""
 
@@ -16,7 +16,7 @@ from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
-from tests.schedule_emu import Emu
+from qwen38gen.emu.schedule import Emu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import one_step  # noqa: E402
