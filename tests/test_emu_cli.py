@@ -4,6 +4,8 @@ says in one line that the schedule runs in numpy, not the CUDA kernels."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -19,6 +21,7 @@ def run_emu(*args):
     return p.returncode, p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_emu_batch_2_gives_the_ids_of_batch_1(tmp_path):
     reqs = write_requests(tmp_path / "R.jsonl", show_requests())
     got, figures = {}, {}

@@ -89,8 +89,10 @@ def hf_logits(cfg, deq: dict, prompt: list[int]) -> np.ndarray:
         return m(torch.tensor([prompt])).logits[0].double().numpy()
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("mtp", [False, True], ids=["no-mtp", "mtp"])
+@pytest.mark.parametrize("tied", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["untied", "tied"])
+@pytest.mark.parametrize("mtp", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["no-mtp", "mtp"])
 def test_hf_saved_checkpoint_quantizes_generates_and_emulates(tmp_path, tied, mtp):
     cfg = cfg_of(tied)
     src, q = tmp_path / "hf", tmp_path / "q"
@@ -190,6 +192,7 @@ def test_generate_weights_reads_the_folders_config(tmp_path):
     assert r.returncode == 2 and "is not the geometry of --weights" in r.stderr
 
 
+@pytest.mark.slow
 def test_model_dir_on_info_quantize_and_generate(tmp_path):
     """--model DIR names a checkpoint folder on info, quantize and generate; generate --model DIR
     runs on the folder's weights (the same tokens as --weights DIR)."""

@@ -43,6 +43,7 @@ def emu_setup():
     return cfg, man, default_tensors(cfg)
 
 
+@pytest.mark.slow
 def test_refill_scenario_holds_and_equals_a_fresh_slot(emu_setup):
     cfg, man, t = emu_setup
     emu = EmuSlots(man, cfg, t, tmax=64)

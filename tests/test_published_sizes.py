@@ -122,7 +122,8 @@ def emulate_against_reference(cfg, tensors, ref, man, B: int, pt: int, seed: int
     return worst
 
 
-@pytest.fixture(scope="module", params=["0.8B", "2B", "4B", "9B"])
+@pytest.fixture(scope="module", params=["0.8B", *(pytest.param(s, marks=pytest.mark.slow)
+                                                   for s in ("2B", "4B", "9B"))])
 def twin(request):
     cfg = small_twin(request.param)
     check_model(cfg)

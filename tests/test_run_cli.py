@@ -43,6 +43,7 @@ def show_requests():
     return out
 
 
+@pytest.mark.slow
 def test_batch_2_gives_the_ids_of_batch_1(tmp_path):
     reqs = write_requests(tmp_path / "R.jsonl", show_requests())
     got = {}

@@ -88,6 +88,7 @@ def lines(out: str) -> list[dict]:
     return [json.loads(x) for x in out.splitlines()]
 
 
+@pytest.mark.slow
 def test_run_prompt_chat_prints_text(model, tmp_path):
     """run --model DIR --prompt TEXT --chat: one JSON line per prompt, its prompt the chat
     template's rendering, its text the decoding of its ids with the folder's tokenizer; the
