@@ -174,7 +174,6 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     """Greedy generation with the numpy reference (the oracle), on CPU."""
     import numpy as np
 
-    from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
     from qwen38gen.quantize import int4_weights, load_any
     from qwen38gen.reference import Reference
     from qwen38gen.weights import synthetic_weights
@@ -183,25 +182,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         raise UserError(f"--seed {seed} must be ≥ 0")
     if steps < 0:
         raise UserError(f"--steps {steps} must be ≥ 0")
-    if weights_dir is not None and not (weights_dir / "config.json").is_file():
-        raise UserError(f"--weights {str(weights_dir)!r} is not a checkpoint folder with a "
-                        "config.json")
-    resolved = resolve_model(model if model is not None else (weights_dir or DEFAULT_PRESET))
-    cfg = resolved.config
-    if weights_dir is None and resolved.has_weights:   # --model DIR: a checkpoint folder
-        weights_dir = resolved.model_dir
-    elif weights_dir is not None and model is not None:
-        own = load_config(weights_dir)
-        if own.hash != cfg.hash:
-            raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
-                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model "
-                            "out to use the folder's config.json")
-    tok = None
-    tok_dir = weights_dir or resolved.model_dir
-    if tok_dir is not None:   # text in and out, and the end-of-sequence ids
-        from qwen38gen.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(tok_dir)
+    cfg, weights_dir, tok, tok_dir = _model_weights_tokenizer(model, weights_dir)
     if chat and tok is None:
         raise UserError("--chat needs the model folder's tokenizer.json and chat template")
     ids = [_parse_ids(p) for p in prompt_ids]
@@ -463,7 +444,7 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     from qwen38gen.emit import atomic_write
     from qwen38gen.engine import Engine
 
-    cfg, weights_dir, tok = _run_model(model, weights_dir)
+    cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
     reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
                          think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
@@ -510,10 +491,11 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
         atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
 
 
-def _run_model(model, weights_dir):
-    """run's model: (config, the weights folder or None, the tokenizer or None).
-    --model DIR with weights is the weights unless --weights says otherwise; --weights alone
-    takes its folder's config.json; both must be the same geometry."""
+def _model_weights_tokenizer(model, weights_dir):
+    """generate's and run's model: (config, the weights folder or None, the tokenizer or None,
+    the folder it was looked for in or None). --model DIR with weights is the weights unless
+    --weights says otherwise; --weights alone takes its folder's config.json; both must be the
+    same geometry."""
     from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
 
     if weights_dir is not None and not (weights_dir / "config.json").is_file():
@@ -535,7 +517,7 @@ def _run_model(model, weights_dir):
     for d in (weights_dir, resolved.model_dir):   # the weights' own tokenizer first
         if d is not None and tok is None:
             tok = load_tokenizer(d)
-    return cfg, weights_dir, tok
+    return cfg, weights_dir, tok, weights_dir or resolved.model_dir
 
 
 _PROMPT_ONLY = ("chat", "think", "max_tokens", "temperature", "top_k", "top_p", "min_p",
