@@ -19,6 +19,7 @@ import numpy as np
 
 from .errors import UserError
 from .reference import Reference
+from .runtime import prompt_chunk
 from .sampling import SamplingParams, pack_params
 
 
@@ -66,7 +67,47 @@ class ReferenceBackend:
         return out
 
 
-class RuntimeBackend:
+class ProgramSlots:
+    """What the backends over an emitted program share: per-slot sampling parameters in the
+    program's buffers, and the token choice (``next`` as the step's argmax wrote it, or as the
+    sample phase rewrites it where some choosing slot samples). A subclass says how to put a
+    buffer, run a phase and read ``next``."""
+
+    slots: int
+    params: list[SamplingParams]
+
+    def _put(self, name: str, a: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _run(self, phase: str) -> None:
+        raise NotImplementedError
+
+    def _next(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _check_positions(self, positions: dict[int, int]) -> None:
+        """Where the program's positions can be read: each must be the chosen token's."""
+
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        """The sampling parameters of the request slot took, into the program's buffers."""
+        self.params[slot] = params
+        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
+        self._put("samp_fpar", fpar)
+        self._put("samp_upar", upar.view(np.int32))
+
+    def choose(self, positions: dict[int, int]) -> dict[int, int]:
+        """The chosen tokens of these slots; the sample phase's counter is the slot's position
+        after the step (the position of the token being chosen)."""
+        if not positions:
+            return {}
+        self._check_positions(positions)
+        if any(not self.params[b].greedy for b in positions):
+            self._run("sample")
+        nxt = self._next()
+        return {b: int(nxt[b]) for b in positions}
+
+
+class RuntimeBackend(ProgramSlots):
     """B slots of an emitted program on the GPU (``runtime.Runtime``). Unverified on a GPU."""
 
     def __init__(self, rt):
@@ -85,33 +126,21 @@ class RuntimeBackend:
     def reset_slot(self, slot: int) -> None:
         self.rt.reset_slot(slot)
 
-    def set_sampling(self, slot: int, params: SamplingParams) -> None:
-        self.params[slot] = params
-        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
-        self.rt.put("samp_fpar", fpar)
-        self.rt.put("samp_upar", upar.view(np.int32))
+    def _put(self, name: str, a: np.ndarray) -> None:
+        self.rt.put(name, a)
 
-    def choose(self, positions: dict[int, int]) -> dict[int, int]:
-        """The chosen tokens of these slots; the sample phase's counter is the slot's position
-        after the step (the position of the token being chosen)."""
-        if not positions:
-            return {}
-        if any(not self.params[b].greedy for b in positions):
-            self.rt.run_phase("sample")
-        nxt = self.rt.get("next")
-        return {b: int(nxt[b]) for b in positions}
+    def _run(self, phase: str) -> None:
+        self.rt.run_phase(phase)
+
+    def _next(self) -> np.ndarray:
+        return self.rt.get("next")
 
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
-        B, pt = self.slots, self.chunk
-        toks = np.zeros(B * pt, np.int32)
-        ntok = np.zeros(B, np.int32)
-        for b, c in enumerate(chunks):
-            toks[b * pt:b * pt + len(c)] = c
-            ntok[b] = len(c)
+        toks, ntok = prompt_chunk(chunks, 0, self.chunk)
         self.rt.put("tokens", toks)
         self.rt.put("ntok", ntok)
         self.rt.run_phase("prefill")
-        return [None] * B
+        return [None] * self.slots
 
     def decode(self, tokens: list[int | None]) -> None:
         self.rt.put("tokens", np.array([0 if t is None else t for t in tokens], np.int32))

@@ -22,6 +22,7 @@ from qwen38gen.lanes import Lanes, check_model
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
 from qwen38gen.emu.schedule import Emu
+from qwen38gen.runtime import prompt_chunk
 
 from tests._blas_threads import single_threaded  # noqa: F401
 
@@ -90,11 +91,7 @@ def emulate_against_reference(cfg, tensors, ref, man, B: int, pt: int, seed: int
     st = ref.new_state(B)
     ref_lg, _ = ref.prefill(st, prompts)
     for c in range(max(-(-len(p) // pt) for p in prompts)):
-        toks, ntok = np.zeros(B * pt, np.int64), np.zeros(B, np.int64)
-        for b, p in enumerate(prompts):
-            piece = p[c * pt:(c + 1) * pt]
-            ntok[b] = len(piece)
-            toks[b * pt:b * pt + len(piece)] = piece
+        toks, ntok = prompt_chunk(prompts, c, pt)
         emu.buf["tokens"][:B * pt], emu.buf["ntok"][:] = toks, ntok
         emu.run("prefill")
         logits = emu.view(["buf", "logits", 0, 0], (B, cfg.vocab_size))

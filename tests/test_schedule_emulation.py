@@ -17,6 +17,7 @@ from qwen38gen.tuning import ROLES, Tuning
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
 from qwen38gen.emu.schedule import Emu
+from qwen38gen.runtime import prompt_chunk
 
 TOL = 1e-9  # both sides are fp64 on the same dequantized weights; only summation order differs
 
@@ -75,11 +76,7 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     ref_lg, _ = ref.prefill(st, prompts)
     lg_emu = [None] * B
     for c in range(max(-(-len(p) // pt) for p in prompts)):
-        toks, ntok = np.zeros(B * pt, np.int64), np.zeros(B, np.int64)
-        for b, p in enumerate(prompts):
-            piece = p[c * pt:(c + 1) * pt]
-            ntok[b] = len(piece)
-            toks[b * pt:b * pt + len(piece)] = piece
+        toks, ntok = prompt_chunk(prompts, c, pt)
         emu.buf["tokens"][:B * pt], emu.buf["ntok"][:] = toks, ntok
         emu.run("prefill")
         logits = emu.view(["buf", "logits", 0, 0], (B, cfg.vocab_size))

@@ -20,15 +20,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..backends import ProgramSlots
 from ..errors import UserError
-from ..sampling import SamplingParams, pack_params
+from ..runtime import prompt_chunk
+from ..sampling import SamplingParams
 from .schedule import Emu
 
 NOTICE = ("emu backend: runs the emitted program's schedule in numpy on the CPU (slowly), "
           "not the CUDA kernels")
 
 
-class EmuBackend:
+class EmuBackend(ProgramSlots):
     """B slots of the emitted program, emulated (engine.Backend)."""
 
     def __init__(self, cfg: ModelConfig, lanes, tensors: dict, ctx: int,
@@ -48,28 +50,21 @@ class EmuBackend:
         self.samples = device_sampling
         self.params = [SamplingParams()] * self.slots
 
-    def set_sampling(self, slot: int, params: SamplingParams) -> None:
-        """The sampling parameters of the request slot took, into the program's buffers."""
-        self.params[slot] = params
-        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
-        self.emu.put("samp_fpar", fpar)
-        self.emu.put("samp_upar", upar.view(np.int32))
+    def _put(self, name: str, a: np.ndarray) -> None:
+        self.emu.put(name, a)
 
-    def choose(self, positions: dict[int, int]) -> dict[int, int]:
-        """The tokens of these slots after a step: ``next`` as the step's argmax wrote it, or as
-        the sample phase rewrites it where some slot samples. The sample phase's counter is the
-        slot's position after the step: it must be the position of the token being chosen."""
-        if not positions:
-            return {}
+    def _run(self, phase: str) -> None:
+        self.emu.run(phase)
+
+    def _next(self) -> np.ndarray:
+        return self.emu.buf["next"]
+
+    def _check_positions(self, positions: dict[int, int]) -> None:
         pos = self.emu.buf["pos"]
         for b, p in positions.items():
             if pos[b] != p:
                 raise RuntimeError(f"slot {b}: the program's position {pos[b]} is not the "
                                    f"position {p} of the token being chosen")
-        if any(not self.params[b].greedy for b in positions):
-            self.emu.run("sample")
-        nxt = self.emu.buf["next"]
-        return {b: int(nxt[b]) for b in positions}
 
     def reset_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
@@ -114,9 +109,7 @@ class EmuBackend:
         B, pt = self.slots, self.chunk
         if len(chunks) != B or any(len(c) > pt for c in chunks):
             raise ValueError(f"a prefill chunk is {B} lists of at most {pt} tokens")
-        toks = np.zeros(B * pt, np.int64)
-        for b, c in enumerate(chunks):
-            toks[b * pt:b * pt + len(c)] = c
+        toks, _ = prompt_chunk(chunks, 0, pt)
         lg = self._phase("prefill", toks, [len(c) for c in chunks])
         return [lg[b] if len(c) and lg is not None else None for b, c in enumerate(chunks)]
 

@@ -11,19 +11,11 @@ import pytest
 
 from qwen38gen import sampling as S
 from tests.gpu.harness import BF16, build, poisoned, to_gpu
+from tests.test_sampling_kernel import PARAMS as KERNEL_PARAMS
 
 VOCAB = [1024, 248320]
-PARAMS = [
-    S.SamplingParams(),
-    S.SamplingParams(temperature=0.8, seed=1),
-    S.SamplingParams(temperature=1.0, top_k=1, seed=2),
-    S.SamplingParams(temperature=1.3, top_k=40, seed=3),
-    S.SamplingParams(temperature=0.7, top_p=0.9, seed=4),
-    S.SamplingParams(temperature=2.0, top_p=0.3, top_k=100, min_p=0.05, seed=5),
-    S.SamplingParams(temperature=0.5, min_p=0.2, seed=2**63 + 7),
-    S.SamplingParams(temperature=5.0, top_p=1e-9, seed=6),
-    S.SamplingParams(temperature=1e-6, top_k=3, seed=7),     # below the epsilon: greedy
-]
+# test_sampling_kernel's cases (every rule of the twin), and a temperature below the epsilon
+PARAMS = KERNEL_PARAMS + [S.SamplingParams(temperature=1e-6, top_k=3, seed=7)]
 _MOD: dict = {}
 
 
