@@ -661,8 +661,13 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
               "status"), res, "sequences")
 
 
+# A check that compared nothing (its GPU part could not run) neither passes nor fails.
+EXIT_NOT_RUN = 3
+
+
 def _check_reference(model: str, lanes) -> None:
-    """`check --reference MODEL`: exits 0 or 1 (0 with a note where no GPU answers)."""
+    """`check --reference MODEL`: exits 0 (pass), 1 (fail) or EXIT_NOT_RUN (no GPU answered:
+    nothing was compared)."""
     from rich.markup import escape
 
     from qwen38gen.check import check_reference
@@ -678,8 +683,9 @@ def _check_reference(model: str, lanes) -> None:
     try:
         _drv()
     except UserError as e:
-        out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(str(e))}. Nothing was compared.")
-        sys.exit(0)
+        out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(str(e))}. Nothing was compared "
+                  f"(exit code {EXIT_NOT_RUN}).")
+        sys.exit(EXIT_NOT_RUN)
     res = check_reference(cfg, lanes)
     _verdict(f"check --reference {cfg.name} {lanes.name}: the program's greedy streams vs the "
              "numpy reference", ("slot", "prompt", "length", "same as first", "σ",

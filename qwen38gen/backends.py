@@ -135,6 +135,10 @@ class RuntimeBackend(ProgramSlots):
     def _next(self) -> np.ndarray:
         return self.rt.get("next")
 
+    def logits(self) -> np.ndarray:
+        """The last step's logits rows [B, V] (read back only for the engine's NaN guard)."""
+        return self.rt.get("logits")[:self.slots]
+
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
         toks, ntok = prompt_chunk(chunks, 0, self.chunk)
         self.rt.put("tokens", toks)

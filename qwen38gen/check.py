@@ -122,6 +122,8 @@ def validate_golden(g: G.Golden) -> Outcome:
     for i, (s, (lg, _)) in enumerate(zip(g.sequences, refs)):
         r = G.compare_to_reference(s, lg, i)
         out.ok &= r.ok
+        if r.nonfinite:
+            out.notes.append(f"sequence {i}: non-finite: {r.nonfinite}")
         out.rows.append([str(i), str(len(s["prompt"])), str(r.steps), f"{r.max_logit_err:.3f}",
                          f"{r.argmax_checked - r.argmax_mismatch}/{r.argmax_checked}",
                          "ok" if r.ok else "MISMATCH"])
@@ -155,11 +157,14 @@ def update_golden(cfg: ModelConfig | None = None, candidate: Path | None = None,
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    """|a - b| / |b| (Frobenius norms, fp64), inf when the shapes differ."""
+    """|a - b| / |b| (Frobenius norms, fp64), inf when the shapes differ, NaN when either holds
+    a non-finite value (so that no tolerance passes it)."""
     if a.shape != b.shape:
         return float("inf")
     a = (a if a.dtype == np.float64 else a.astype(np.float32)).astype(np.float64)  # bf16 via fp32
     b = b.astype(np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
@@ -171,15 +176,43 @@ def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dic
     K and V caches up to the sequence's position."""
     from .reference import conv_to_ring
 
+    by_layer = state_errors_by_layer(cfg, bufs, slot, st, b)
+    return {k: G.worst(v.values()) for k, v in by_layer.items()}
+
+
+def state_errors_by_layer(cfg: ModelConfig, bufs: dict, slot: int, st,
+                          b: int = 0) -> dict[str, dict[int, float]]:
+    """``state_errors`` per layer: {"rec" | "conv": {GDN layer: err}, "k" | "v": {attention
+    layer: err}} (layer indices of the model, 0 = first)."""
+    from .reference import conv_to_ring
+
     pos = int(bufs["pos"][slot])
     gdn = list(enumerate(cfg.linear_layers))
     attn = list(enumerate(cfg.full_layers))
     return {
-        "rec": max(_rel(bufs["rec"][j, slot], st.rec[L][b]) for j, L in gdn),
-        "conv": max(_rel(bufs["conv"][j, slot], conv_to_ring(st.conv[L][b], pos)) for j, L in gdn),
-        "k": max(_rel(bufs["kc"][j, slot][:, :pos], st.k[L][b]) for j, L in attn),
-        "v": max(_rel(bufs["vc"][j, slot][:, :pos], st.v[L][b]) for j, L in attn),
+        "rec": {L: _rel(bufs["rec"][j, slot], st.rec[L][b]) for j, L in gdn},
+        "conv": {L: _rel(bufs["conv"][j, slot], conv_to_ring(st.conv[L][b], pos)) for j, L in gdn},
+        "k": {L: _rel(bufs["kc"][j, slot][:, :pos], st.k[L][b]) for j, L in attn},
+        "v": {L: _rel(bufs["vc"][j, slot][:, :pos], st.v[L][b]) for j, L in attn},
     }
+
+
+def state_nonfinite(cfg: ModelConfig, bufs: dict, slot: int) -> str | None:
+    """Where the first non-finite value of slot ``slot``'s state is (recurrent state, conv ring,
+    then the K and V caches below the slot's position), or None."""
+    pos = int(bufs["pos"][slot])
+    parts = [(f"recurrent state of layer {L}", bufs["rec"][j, slot])
+             for j, L in enumerate(cfg.linear_layers)]
+    parts += [(f"conv ring of layer {L}", bufs["conv"][j, slot])
+              for j, L in enumerate(cfg.linear_layers)]
+    parts += [(f"{n} cache of layer {L}", bufs[c][j, slot][:, :pos])
+              for j, L in enumerate(cfg.full_layers) for n, c in (("K", "kc"), ("V", "vc"))]
+    for what, a in parts:
+        where = G.nonfinite_where(np.asarray(a, dtype=np.float32), f"slot {slot} {what}")
+        if where:
+            return where
+    return None
+
 
 
 def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
@@ -214,8 +247,12 @@ def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outc
         # Final state of this slot against the reference (same token stream).
         sb, slot = states[i // B], i % B
         pos = int(sb["pos"][slot])
-        state_err = max(state_errors(cfg, sb, slot, st).values())
+        state_err = G.worst(state_errors(cfg, sb, slot, st).values())
         ok &= state_err <= G.tol("state_rel") and pos == len(s["prompt"]) + g.steps - 1
+        where = rep.nonfinite or state_nonfinite(cfg, sb, slot)
+        if where:
+            ok = False
+            out.notes.append(f"slot {i}: non-finite: {where}")
         out.ok &= ok
         out.rows.append([str(i), str(gi), str(len(s["prompt"])),
                          "yes" if bit else ("tokens" if tok_eq else "no"),
@@ -273,6 +310,9 @@ def check_spec(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Out
                     ok = eq
                     if mode == "forced right":
                         ok &= all(r == K for r in st.runs[j][:-1])
+                    if st.nonfinite[j]:
+                        ok = False
+                        out.notes.append(f"{mode}, slot {i}: non-finite: {st.nonfinite[j]}")
                     out.ok &= ok
                     out.rows.append([mode, str(i), str(i % n), str(len(prompts[i])), tcell,
                                      f"{st.accepted[j]}/{st.proposed[j]} = "
@@ -312,7 +352,7 @@ def quantized_synthetic(cfg: ModelConfig, seed: int = G.SEED) -> dict:
 
 def _scaled(seq: dict, sigma: float) -> dict:
     """A run's top-k logits divided by sigma (the tokens as they are)."""
-    return {"tokens": seq["tokens"],
+    return {"tokens": seq["tokens"], "nonfinite": seq.get("nonfinite"),
             "topk": [[[i, v / sigma] for i, v in row] for row in seq["topk"]]}
 
 
@@ -341,9 +381,13 @@ def compare_with_reference(cfg: ModelConfig, prompts: list[list[int]], got: list
         same = r["tokens"] == got[p]["tokens"] and r["topk"] == got[p]["topk"]
         sb, slot = states[i // batch], i % batch
         pos = int(sb["pos"][slot])
-        state_err = max(state_errors(cfg, sb, slot, st).values())
+        state_err = G.worst(state_errors(cfg, sb, slot, st).values())
         ok = (rep.ok and same and state_err <= G.tol("state_rel")
               and pos == len(prompts[p]) + len(r["tokens"]) - 1)
+        where = rep.nonfinite or state_nonfinite(cfg, sb, slot)
+        if where:
+            ok = False
+            out.notes.append(f"slot {i}: non-finite: {where}")
         out.ok &= ok
         out.rows.append([str(i), str(p), str(len(prompts[p])), "yes" if same else "no",
                          f"{sigma[p]:.2f}", f"{rep.max_logit_err:.3f}",

@@ -25,6 +25,11 @@ kernels/sampling.cuh), the engine hands it each slot's sampling parameters when 
 request (``set_sampling``) and asks for the chosen tokens after each step (``choose``) instead of
 reading logits; the rule is the same (sampling.py is its numpy twin).
 
+The engine's NaN guard: every row of logits a token is chosen from on the host is scanned whole,
+and a non-finite value stops the run (``NonFiniteLogits``, naming the request, its slot and the
+position). Where the backend chooses on the device, the rows are read back and scanned only with
+``check_finite`` (the locks set it; serving leaves it off, since it costs a B x V copy a step).
+
 A sequence stops after a token of its stop ids or (unless ignore_eos) of the end-of-sequence ids
 ("stop", the token kept), at max_tokens new tokens or when its slot's context is full
 ("length"). Tokens are chosen by ``sampling.sample`` keyed by (seed, position), so a request's
@@ -39,6 +44,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .compare import nonfinite_where
 from .errors import UserError
 from .requests import Request
 from .sampling import sample
@@ -162,6 +168,10 @@ def check_request(req: Request, ctx: int, vocab: int) -> None:
                         f"0..{vocab - 1}")
 
 
+class NonFiniteLogits(RuntimeError):
+    """A row of logits a token was to be chosen from holds NaN or ±inf (the program is broken)."""
+
+
 class Scheduler:
     """Waiting queue, B slots, and the choice of the next step (see the module docstring)."""
 
@@ -200,9 +210,11 @@ class Scheduler:
 class Engine:
     """Runs requests through a backend with continuous batching."""
 
-    def __init__(self, backend: Backend, eos_ids: tuple[int, ...] = ()):
+    def __init__(self, backend: Backend, eos_ids: tuple[int, ...] = (),
+                 check_finite: bool = False):
         self.backend = backend
         self.eos = frozenset(eos_ids)
+        self.check_finite = check_finite
         self.sched = Scheduler(backend.slots, backend.chunk)
         self.stats = Stats(slots=backend.slots, chunk=backend.chunk)
 
@@ -218,6 +230,12 @@ class Engine:
             seq.finish_reason = "stop"
         elif len(seq.out) >= seq.req.max_tokens or seq.position > self.backend.ctx:
             seq.finish_reason = "length"
+
+    def _guard(self, seq: Sequence, row: np.ndarray) -> None:
+        where = nonfinite_where(np.asarray(row, dtype=np.float32), "logits")
+        if where:
+            raise NonFiniteLogits(f"request {seq.req.id!r} (slot {seq.slot}, position "
+                                  f"{seq.position}): non-finite {where}")
 
     def step(self) -> list[Result]:
         """Admit, run one prefill chunk or decode step, choose tokens; the requests it finished."""
@@ -247,6 +265,12 @@ class Engine:
             self.stats.decode_steps += 1
             self.stats.busy_decode += len(feed)
             chose = [(running[b], None if logits is None else logits[b]) for b in feed]
+        if device and self.check_finite and chose:
+            lg = self.backend.logits()
+            chose = [(seq, lg[seq.slot]) for seq, _ in chose]
+        for seq, row in chose:
+            if row is not None:
+                self._guard(seq, row)
         if device:
             picked = self.backend.choose({seq.slot: seq.position for seq, _ in chose})
             tokens = [int(picked[seq.slot]) for seq, _ in chose]

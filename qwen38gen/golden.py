@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
+from .compare import nonfinite_where, worst
 from .config import PRESETS, ModelConfig
 from .errors import UserError
 from .lanes import DEFAULT_PT, Lanes, lane_name
@@ -165,6 +167,9 @@ def _sequence_problem(s, cfg: ModelConfig) -> str | None:
             and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in row)
         if not ok:
             return f"topk row {r} is not a non-empty list of [token id, logit] pairs"
+        bad = next((e for e in row if not math.isfinite(e[1])), None)
+        if bad is not None:
+            return f"topk row {r} holds a non-finite logit ({bad[1]}) for token {bad[0]}"
     return None
 
 
@@ -188,24 +193,34 @@ class SeqReport:
     argmax_checked: int
     argmax_mismatch: int
     first_mismatch: int | None
+    nonfinite: str | None = None   # where a non-finite logit was (run or reference), or None
 
     @property
     def ok(self) -> bool:
-        return self.argmax_mismatch == 0 and self.max_logit_err <= tol("logit_abs")
+        # NaN fails every comparison: ``nan <= tol`` is False, and nonfinite names where it was.
+        return (self.nonfinite is None and self.argmax_mismatch == 0
+                and self.max_logit_err <= tol("logit_abs"))
 
 
 def compare_to_reference(seq: dict, ref_logits: np.ndarray, index: int) -> SeqReport:
-    """One sequence's top-k logits and argmax (GPU or golden) against reference logits."""
-    worst, checked, bad, first = 0.0, 0, 0, None
+    """One sequence's top-k logits and argmax (GPU or golden) against reference logits.
+
+    Any non-finite value fails the comparison, with its place named: in the run's top-k logits,
+    in the reference's row, or in the program's full logits row (``seq["nonfinite"]``, set by
+    the runtime, which scans every logit a step wrote, not only the top k)."""
+    worst_err, checked, bad, first = 0.0, 0, 0, None
+    where = seq.get("nonfinite")
     for s, (tok, top) in enumerate(zip(seq["tokens"], seq["topk"])):
         row = ref_logits[s]
         ids = np.array([i for i, _ in top])
-        vals = np.array([v for _, v in top])
-        worst = max(worst, float(np.max(np.abs(vals - row[ids]))))
+        vals = np.array([v for _, v in top], dtype=np.float64)
+        where = (where or nonfinite_where(vals, f"sequence {index} step {s} top-k logits")
+                 or nonfinite_where(row, f"sequence {index} step {s} reference logits"))
+        worst_err = worst([worst_err, np.max(np.abs(vals - row[ids]))])
         two = np.sort(row)[-2:]
         if two[1] - two[0] > tol("argmax_margin"):
             checked += 1
             if int(np.argmax(row)) != int(tok):
                 bad += 1
                 first = s if first is None else first
-    return SeqReport(index, len(seq["tokens"]), worst, checked, bad, first)
+    return SeqReport(index, len(seq["tokens"]), worst_err, checked, bad, first, where)

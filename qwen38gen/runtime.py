@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import launch
+from .compare import nonfinite_where
 from .config import ModelConfig
 from .errors import UserError
 from .manifest import check_format
@@ -401,7 +402,9 @@ class Runtime:
 
         ``forced[b]`` (teacher forcing): decode step s is fed ``forced[b][s]`` instead of the
         program's own previous argmax; the outputs are still the program's. Returns per sequence
-        {"tokens": [steps ids], "topk": [[[id, logit] × TOPK] per token]}.
+        {"tokens": [steps ids], "topk": [[[id, logit] × TOPK] per token], "nonfinite": None or
+        where the first non-finite logit of the sequence's rows was}: every row a step chose a
+        token from is scanned whole (the top k alone could hide a NaN elsewhere in the row).
         """
         B, pt = self.B, self.pt
         if not 1 <= len(prompts) <= B:
@@ -417,8 +420,16 @@ class Runtime:
         n = len(prompts)
         padded = prompts + [[0]] * (B - n)   # idle slots decode a dummy sequence
         self.reset()
-        res = [{"tokens": [], "topk": []} for _ in range(n)]
+        res = [{"tokens": [], "topk": [], "nonfinite": None} for _ in range(n)]
         first = [None] * B
+
+        def scan(rows: list[int], step: int):
+            lg = self.get("logits")
+            for b in rows:
+                if b < n and res[b]["nonfinite"] is None:
+                    res[b]["nonfinite"] = nonfinite_where(
+                        np.asarray(lg[b], dtype=np.float32), f"sequence {b} step {step} logits")
+
         nchunks = max(-(-len(p) // pt) for p in padded)
         for c in range(nchunks):
             toks, ntok = prompt_chunk(padded, c, pt)
@@ -430,6 +441,7 @@ class Runtime:
                 if topk:
                     self.run_phase("topk")
                 nxt = self.get("next")
+                scan(ends, 0)
                 tv, ti = (self.get("topk_val"), self.get("topk_idx")) if topk else (None, None)
                 for b in ends:
                     first[b] = int(nxt[b])
@@ -448,6 +460,7 @@ class Runtime:
             if topk:
                 self.run_phase("topk")
             cur = self.get("next").copy()
+            scan(list(range(n)), s + 1)
             tv, ti = (self.get("topk_val"), self.get("topk_idx")) if topk else (None, None)
             for b in range(n):
                 res[b]["tokens"].append(int(cur[b]))

@@ -19,7 +19,7 @@ import numpy as np
 
 from .check import Outcome, default_tensors
 from .config import ModelConfig
-from .engine import Engine, Result, Stats
+from .engine import Engine, NonFiniteLogits, Result, Stats
 from .requests import Request, default_seed
 from .sampling import SamplingParams
 
@@ -47,7 +47,7 @@ def run_alone(backend, requests: list[Request]) -> dict[object, Result]:
     """Each request alone on the backend (the only one running)."""
     out = {}
     for r in requests:
-        (res,) = Engine(backend).run([r])
+        (res,) = Engine(backend, check_finite=True).run([r])
         out[r.id] = res
     return out
 
@@ -57,9 +57,13 @@ def serve_lock(backend_of, slots: int, chunk: int, cfg: ModelConfig) -> tuple[Ou
     prompt, max_tokens, mode, tokens, status."""
     reqs = lock_requests(slots, chunk, cfg.vocab_size)
     with backend_of(slots) as be:
-        alone = run_alone(be, reqs)
-        eng = Engine(be)
-        got = {r.id: r for r in eng.run(reqs)}
+        try:
+            alone = run_alone(be, reqs)
+            eng = Engine(be, check_finite=True)
+            got = {r.id: r for r in eng.run(reqs)}
+        except NonFiniteLogits as e:   # a broken program fails the lock, saying where
+            out = Outcome(ok=False, notes=[f"FAIL: {e}"])
+            return out, Stats(slots=slots, chunk=chunk)
     out = Outcome(ok=True)
     for r in reqs:
         a, g = alone[r.id], got[r.id]

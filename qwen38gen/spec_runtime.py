@@ -35,6 +35,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .compare import nonfinite_where
 from .errors import UserError
 from .runtime import prompt_chunk
 from .speculative import SpecStats
@@ -66,7 +67,9 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
     """Run prompts (at most B) through the mtp program; returns (tokens, stats, drafts).
 
     tokens: per prompt, exactly ``steps`` greedy token ids (the first from the prefill).
-    stats: ``speculative.SpecStats`` per prompt (proposed / accepted drafts, verify passes).
+    stats: ``speculative.SpecStats`` per prompt (proposed / accepted drafts, verify passes, and
+    where the first non-finite logit of a row the prompt's tokens came from was: every such row
+    is scanned whole, the prefill's last row and each verify pass's K+1 rows).
     drafts: with record=True (or a hook), per prompt the list of (position, proposed draft)
     in the order proposed (before the hook replaced any); else empty lists.
     """
@@ -90,7 +93,12 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
     padded = [list(p) for p in prompts] + [[0]] * (B - n)   # idle slots run a dummy sequence
     ex.reset()
     out: list[list[int]] = [[] for _ in range(n)]
-    stats = SpecStats([0] * n, [0] * n, [0] * n, [0] * n, [[] for _ in range(n)])
+    stats = SpecStats([0] * n, [0] * n, [0] * n, [0] * n, [[] for _ in range(n)], [None] * n)
+
+    def scan(b: int, rows: np.ndarray, what: str) -> None:
+        if stats.nonfinite[b] is None:
+            stats.nonfinite[b] = nonfinite_where(np.asarray(rows, dtype=np.float32),
+                                                 f"sequence {b} {what} logits")
     drafts: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     vt = np.zeros((B, KP), np.int64)
     nch = [-(-len(p) // pt) for p in padded]
@@ -111,10 +119,12 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
         if ends:
             nxt = ex.get("next").reshape(-1)
             v = ex.get("vtok").reshape(B, KP)
+            lg = ex.get("logits")
             for b in ends:
                 vt[b] = v[b]
                 if b < n:
                     out[b].append(int(nxt[b]))
+                    scan(b, lg[b], "prefill")
     pos = [len(p) for p in padded]
     ex.put("vtok", vt.reshape(-1).astype(np.int32))
     ex.put("ntok", np.full(B, KP, np.int32))
@@ -140,6 +150,7 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
         ex.run_phase("verify")
         em = ex.get("emit").reshape(B, KP)
         cnt = ex.get("count").reshape(-1)
+        lg = ex.get("logits").reshape(B, KP, -1)
         for b in range(B):
             c = int(cnt[b])
             assert 1 <= c <= KP, (b, c)
@@ -148,6 +159,7 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
                 stats.accepted[b] += c - 1
                 stats.verify_passes[b] += 1
                 stats.runs[b].append(c - 1)
+                scan(b, lg[b], f"verify pass {stats.verify_passes[b]}")
                 out[b].extend(int(t) for t in em[b, :c][:steps - len(out[b])])
             pos[b] += c
     return out, stats, drafts

@@ -65,6 +65,8 @@ class SpecStats:
       prefill and the rollback re-runs are not counted.
     * ``rollback_passes[b]``: re-runs of the accepted tokens from the snapshot (passes with n < k).
     * ``runs[b]``: n (drafts accepted) of each verify pass, in order.
+    * ``nonfinite[b]``: where sequence b's first non-finite logit was (a row a token was chosen
+      from), or None; filled by the GPU/emulated runs (spec_runtime), empty otherwise.
     """
 
     proposed: list[int]
@@ -72,6 +74,7 @@ class SpecStats:
     verify_passes: list[int]
     rollback_passes: list[int]
     runs: list[list[int]] = field(default_factory=list)
+    nonfinite: list[str | None] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> list[float]:

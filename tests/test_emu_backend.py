@@ -8,7 +8,8 @@
   gets the tokens the engine's host sampling gives on the same logits, and the sample phase runs
   only in steps where some choosing slot samples.
 * A slot's reset zeroes its state and position and poisons its K/V with NaN: a schedule that
-  read K/V past the new request's positions would put NaN in the logits, which is an error.
+  read K/V past the new request's positions would put NaN in the logits, which is an error
+  (``engine.NonFiniteLogits``, naming the slot and the first non-finite logit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emu.backend import EmuBackend
-from qwen38gen.engine import Engine
+from qwen38gen.engine import Engine, NonFiniteLogits
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
 from qwen38gen.requests import Request, default_seed
@@ -139,8 +140,8 @@ def test_reading_kv_past_the_position_is_caught():
     be.prefill([[5, 6, 7], [8, 9]])
     be.reset_slot(1)
     be.emu.buf["pos"][1] = 2          # as if the reset had kept the old position
-    with pytest.raises(RuntimeError, match=r"^slot 1: NaN in the logits: the schedule read K/V "
-                                           r"past the slot's position$"):
+    with pytest.raises(NonFiniteLogits, match=r"^non-finite slot 1 logits\[0\] = nan "
+                                              r"\(1024 non-finite values\)$"):
         be.decode([None, 4])
     lg = be.decode([3, None])          # slot 0 is unaffected
     assert np.isfinite(lg[0]).all()

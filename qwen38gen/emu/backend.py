@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
 from ..backends import ProgramSlots
+from ..compare import nonfinite_where
+from ..config import ModelConfig
+from ..engine import NonFiniteLogits
 from ..errors import UserError
 from ..runtime import prompt_chunk
 from ..sampling import SamplingParams
@@ -59,6 +61,10 @@ class EmuBackend(ProgramSlots):
     def _next(self) -> np.ndarray:
         return self.emu.buf["next"]
 
+    def logits(self) -> np.ndarray:
+        """The last step's logits rows [B, V] (the engine's NaN guard)."""
+        return self.emu.get("logits")[:self.slots]
+
     def _check_positions(self, positions: dict[int, int]) -> None:
         pos = self.emu.buf["pos"]
         for b, p in positions.items():
@@ -93,9 +99,9 @@ class EmuBackend(ProgramSlots):
     def _logits(self, fed: list[int]) -> np.ndarray | None:
         lg = self.emu.get("logits")[:self.slots]
         for b, n in enumerate(fed):
-            if n and not np.isfinite(lg[b]).all():
-                raise RuntimeError(f"slot {b}: NaN in the logits: the schedule read K/V past "
-                                   "the slot's position")
+            where = nonfinite_where(lg[b], f"slot {b} logits") if n else None
+            if where:   # e.g. the schedule read K/V past the slot's position (poisoned NaN)
+                raise NonFiniteLogits(f"non-finite {where}")
         return None if self.samples else lg
 
     def _phase(self, phase: str, toks: np.ndarray, fed: list[int]) -> np.ndarray:
