@@ -5,9 +5,10 @@
 #   bash scripts/device_commit.sh DIR...   (the device tool's files_at folder of each call)
 #
 # The verify logs (verify-all.log, or verify-tests.log and verify-rest.log) must all name the same
-# commit on their first line. They become one log, bench/DAY-h200-V-verify.log: that commit line,
+# commit on their first line. They become one log, bench/DAY-CARD-V-verify.log (CARD: h100 or h200, from
+# the logs' nvidia-smi line, else $CARD): that commit line,
 # the parts in order, and one summary table of every part's rows at the end. bench.json,
-# bench.png and bench.txt become bench/DAY-h200-V.json, .png and -bench.txt. The files they
+# bench.png and bench.txt become bench/DAY-CARD-V.json, .png and -bench.txt. The files they
 # replace (tracked files under bench/ matching OLD, by default version 20's png and bench text and
 # the version 21 device log; version 20's json stays: the timing model is calibrated on it and
 # tests read it) are `git rm`ed and the new ones `git add`ed; nothing is
@@ -43,7 +44,11 @@ find_one() {  # the one file NAME among the folders, or nothing
   [ ${#hits[@]} = 0 ] || echo "${hits[0]}"
 }
 
-base=bench/$DAY-h200-$V
+# The card in the file names: what nvidia-smi said on the logs' "verify PART: NAME, driver" line
+# (h100, h200), or CARD.
+card=${CARD:-$(grep -m1 -E '^verify [a-z]+: ' "${logs[0]}" | grep -o -i -E '\bH[0-9]{3}\b' | head -1 | tr 'A-Z' 'a-z')}
+[[ "$card" =~ ^[a-z][a-z0-9]*$ ]] || die "no card name (H100, H200) on ${logs[0]}'s nvidia-smi line; set CARD=h100 or CARD=h200"
+base=bench/$DAY-$card-$V
 mkdir -p bench
 tmp=$(mktemp "$base.verify.log.XXXX")
 {

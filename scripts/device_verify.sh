@@ -117,7 +117,10 @@ for part in $PARTS; do
       bash -c run_lock
     [ -n "${REF_MODEL-qwen3.5-0.8b}" ] && step lock "check --reference ${REF_MODEL-qwen3.5-0.8b} --batch ${REF_B:-3}" \
       'PASS|FAIL|error' $Q check --reference "${REF_MODEL-qwen3.5-0.8b}" --batch "${REF_B:-3}"
-    [ -n "${BENCH_B=1,16,64}" ] && step bench "bench 27B --batch $BENCH_B --peers" '^bench: ' \
+    # bench_step runs in a child bash (step's timeout needs a command): export the batch list,
+    # or the child sees an empty one (the H100 run at 4d3e5cc: "--batch '' needs positive integers")
+    export BENCH_B=${BENCH_B-1,16,64}
+    [ -n "$BENCH_B" ] && step bench "bench 27B --batch $BENCH_B --peers" '^bench: ' \
       bash -c bench_step
     for tool in ${SAN_TOOLS-memcheck racecheck}; do
       step sanitizer "$tool B=3: prefill, decode, refill, decode" 'ERROR SUMMARY|RACECHECK SUMMARY' \
