@@ -36,14 +36,24 @@ VERIFY_PROGRAMS = (
     "tiny:1:1", "tiny:16:1",                           # check --mtp 1
     "tiny:1:pt8",                                      # run --batch 3 against --batch 1 (pt 8)
     "qwen3.5-0.8b:3",                                  # check --reference qwen3.5-0.8b --batch 3
+    "hf-e2e:2", "hf-e2e:5",                            # tests/gpu/test_hf_end_to_end.py
+    "qwen3.5-0.8b:16", "qwen3.5-2b:3", "qwen3.5-2b:16",    # scripts/precision.py (with tiny:3,
+    "qwen3.5-4b:3", "qwen3.5-4b:16",                       # tiny:16, qwen3.5-0.8b:3)
     "qwen3.8-27b:1", "qwen3.8-27b:16", "qwen3.8-27b:64",   # bench --batch 1,16,64
 )
+
+
+def models() -> dict:
+    """The presets, and the geometry of the HF end-to-end check (hf-e2e: no preset)."""
+    from qwen38gen.hf_e2e import e2e_config
+
+    return {**PRESETS, "hf-e2e": e2e_config()}
 
 
 def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
     """MODEL:B[:K|:t][:ptN] -> (model, lanes, trace)."""
     model, b, *rest = spec.split(":")
-    if model not in PRESETS:
+    if model not in models():
         raise SystemExit(f"error: {spec}: unknown preset {model!r}")
     trace, mtp, pt = False, 0, None
     for item in rest:
@@ -62,7 +72,7 @@ def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
 
 def one(spec: str) -> str:
     model, lanes, trace = lanes_of(spec)
-    cubin, _ = build(PRESETS[model], lanes, trace=trace)
+    cubin, _ = build(models()[model], lanes, trace=trace)
     return f"{spec}: {cubin}"
 
 
