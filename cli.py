@@ -572,7 +572,7 @@ def golden_cmd(update, candidate, golden_dir):
     from qwen38gen import golden as G
     from qwen38gen.check import update_golden, validate_golden
 
-    cols = ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status")
+    cols = ("seq", "prompt", "steps", "max |Δlogit| / σ", "argmax", "status")
     if update:
         res, path = update_golden(candidate=candidate, folder=golden_dir)
         _outcome_table("golden vs numpy reference", cols, res)
@@ -642,7 +642,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
     if not have_gpu:
         res = validate_golden(g)
         _outcome_table("golden vs numpy reference (CPU)",
-                       ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status"), res)
+                       ("seq", "prompt", "steps", "max |Δlogit| / σ", "argmax", "status"), res)
         from rich.markup import escape
 
         out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(why)}. Only the golden files were "
@@ -657,7 +657,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
                   "status"), res, "runs")
     res = check_gpu(lanes, g, cfg)
     _verdict(f"check {lanes.name}: {len(res.rows)} sequences vs golden + reference",
-             ("slot", "golden", "prompt", "bitwise", "max |Δlogit|", "argmax", "state err",
+             ("slot", "golden", "prompt", "bitwise", "max |Δlogit| / σ", "argmax", "state err / tol",
               "status"), res, "sequences")
 
 
@@ -689,7 +689,7 @@ def _check_reference(model: str, lanes) -> None:
     res = check_reference(cfg, lanes)
     _verdict(f"check --reference {cfg.name} {lanes.name}: the program's greedy streams vs the "
              "numpy reference", ("slot", "prompt", "length", "same as first", "σ",
-                                 "max |Δlogit| / σ", "argmax", "state err", "status"),
+                                 "max |Δlogit| / σ", "argmax", "state err / tol", "status"),
              res, "sequences")
 
 

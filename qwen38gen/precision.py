@@ -212,6 +212,21 @@ def measure(cfg: ModelConfig, batches=(3, 16), steps: int = STEPS, tensors: dict
     return out
 
 
+def hf_yardstick(cfg: ModelConfig, deq: dict, runs: list[dict], device: str = "cpu") -> dict:
+    """HF bf16 against HF fp32 alone (no program) on recorded runs ({"prompt", "tokens",
+    "topk"}: a golden file's sequences): per sequence the top-k logit error per step and the
+    per-layer state error at the end. JSON-able, the shape of ``measure``'s hf_bf16 parts."""
+    m32, m16 = hf_models(cfg, deq, device)
+    seqs = []
+    for r in runs:
+        f32, s32 = hf_teacher_forced(m32, r["prompt"], r["tokens"], device)
+        b16, s16 = hf_teacher_forced(m16, r["prompt"], r["tokens"], device)
+        seqs.append({"prompt": len(r["prompt"]), "steps": len(r["tokens"]),
+                     "logits": _logit_errs(r["topk"], f32, b16),
+                     "state": _state_errs_hf(s16, s32)})
+    return {"model": cfg.name, "layers": cfg.num_hidden_layers, "sequences": seqs}
+
+
 def summary_rows(doc: dict) -> list[dict]:
     """Per run (model, B): the worst logit error and the worst state error (over layers, kinds,
     sequences) of the program and of HF bf16, and their ratio; plus the worst per layer."""

@@ -51,6 +51,8 @@ gpu_tests() {
       '$PY -m pytest -q -s -p no:cacheprovider "$1" > /tmp/pt/$0.log 2>&1; echo "rc=$?" >> /tmp/pt/$0.log'
     n=$(wc -l < /tmp/ids.txt); bad=$(grep -L '^rc=0$' /tmp/pt/*.log 2>/dev/null | wc -l)
     cat /tmp/pt/*.log > /tmp/t.log 2>/dev/null; grep -h -E '^(FAILED|ERROR)' /tmp/t.log
+    # what tests report for the record (the HF end-to-end check's figures)
+    grep -h -E '^(HF end to end|negative control)' /tmp/t.log
     skipped=$(grep -l -E '[0-9]+ skipped' /tmp/pt/*.log 2>/dev/null | wc -l)
     rc=$([ "$n" -gt 0 ] && [ "$bad" = 0 ] && echo 0 || echo 1)
     TESTS_LINE="$((n - bad)) of $n test ids passed or skipped ($skipped skipped)"

@@ -6,6 +6,9 @@
   `make device-prep`; a model is skipped, and said so, once the budget would be passed)
 
   python3 scripts/precision.py table OUT.json     (anywhere: the markdown of docs/PRECISION.md)
+
+  python3 scripts/precision.py golden OUT.json    (CPU: HF bf16 against fp32 alone on the golden
+  runs' prompts and tokens, the yardstick of the golden lock's tolerances)
 """
 
 from __future__ import annotations
@@ -90,7 +93,27 @@ def table(path: str) -> int:
     return 0
 
 
+def golden(path: str) -> int:
+    from qwen38gen import golden as G
+    from qwen38gen.check import default_tensors
+    from qwen38gen.quantize import int4_weights
+
+    cfg = PRESETS[G.MODEL]
+    g = G.load_golden()
+    doc = P.hf_yardstick(cfg, int4_weights(cfg, default_tensors(cfg)), g.sequences, "cpu")
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    by_layer = {}
+    for s in doc["sequences"]:
+        for L, kinds in s["state"].items():
+            by_layer.setdefault(int(L), []).extend(kinds.values())
+    print("logits: HF bf16 max", max(max(s["logits"]) for s in doc["sequences"]))
+    print("state by layer: " + " ".join(f"{L}:{max(v):.4f}" for L, v in sorted(by_layer.items())))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "golden":
+        sys.exit(golden(sys.argv[2]))
     if len(sys.argv) >= 2 and sys.argv[1] == "run":
         sys.exit(run(sys.argv[2:]))
     if len(sys.argv) == 3 and sys.argv[1] == "table":
