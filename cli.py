@@ -212,7 +212,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         if use_int4:
             tensors = int4_weights(cfg, tensors)
     ref = Reference(cfg, tensors, dtype=np.float32)
-    from qwen38gen.serve import eos_ids
+    from qwen38gen.serve.run import eos_ids
 
     gen = ref.generate(ids, steps, stop=() if ignore_eos else eos_ids(cfg, tok))
     t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
@@ -440,9 +440,9 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from qwen38gen import serve as S
+    from qwen38gen.serve import run as S
     from qwen38gen.emit import atomic_write
-    from qwen38gen.engine import Engine
+    from qwen38gen.serve.engine import Engine
 
     cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
@@ -527,7 +527,7 @@ _PROMPT_ONLY = ("chat", "think", "max_tokens", "temperature", "top_k", "top_p", 
 def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
     """The requests of `run`: the --prompts file's lines, or one per --prompt with the
     command line's parameters (which a file's lines set for themselves)."""
-    from qwen38gen.requests import prompt_requests, read_requests
+    from qwen38gen.serve.requests import prompt_requests, read_requests
 
     given = [k for k in _PROMPT_ONLY if opts[k]]   # flags False, options None when not given
     if texts and prompts_file is not None:
@@ -569,8 +569,8 @@ _golden_option = click.option(
 @_golden_option
 def golden_cmd(update, candidate, golden_dir):
     """Show, validate (CPU) or regenerate (GPU) the golden single-sequence runs."""
-    from qwen38gen import golden as G
-    from qwen38gen.check import update_golden, validate_golden
+    from qwen38gen.verify import golden as G
+    from qwen38gen.verify.check import update_golden, validate_golden
 
     cols = ("seq", "prompt", "steps", "max |Δlogit|", "argmax", "status")
     if update:
@@ -617,8 +617,8 @@ def _outcome_table(title, cols, res):
                    "emulated schedule (numpy).")
 def check(model, golden_dir, ref_model, serve, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
-    from qwen38gen import golden as G
-    from qwen38gen.check import check_gpu, check_model, validate_golden
+    from qwen38gen.verify import golden as G
+    from qwen38gen.verify.check import check_gpu, check_model, validate_golden
     from qwen38gen.config import PRESETS
     from qwen38gen.runtime import _drv
 
@@ -649,7 +649,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
                   "validated against the numpy reference.")
         sys.exit(0 if res.ok else 1)
     if lanes.mtp:
-        from qwen38gen.check import check_spec
+        from qwen38gen.verify.check import check_spec
 
         res = check_spec(lanes, g, cfg)
         _verdict(f"check {lanes.name}: speculative streams vs the golden greedy streams",
@@ -665,7 +665,7 @@ def _check_reference(model: str, lanes) -> None:
     """`check --reference MODEL`: exits 0 or 1 (0 with a note where no GPU answers)."""
     from rich.markup import escape
 
-    from qwen38gen.check import check_reference
+    from qwen38gen.verify.check import check_reference
     from qwen38gen.config import load_config
     from qwen38gen.lanes import check_model
     from qwen38gen.runtime import _drv
@@ -689,7 +689,7 @@ def _check_reference(model: str, lanes) -> None:
 
 def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
     """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
-    from qwen38gen import serve_lock as SL
+    from qwen38gen.verify import serve_lock as SL
 
     if lanes.mtp:
         raise UserError("check --serve drives the plain decode program; drop --mtp")
@@ -749,7 +749,7 @@ def _int_list(s: str, what: str) -> list[int]:
 @_tune_options
 def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
-    from qwen38gen import bench as Bm
+    from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
 
@@ -793,7 +793,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
     import subprocess
 
-    from qwen38gen import bench_mtp as Mm
+    from qwen38gen.perf import bench_mtp as Mm
     from qwen38gen.emit import atomic_write
     from qwen38gen.lanes import Lanes
 
@@ -821,7 +821,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
 
 def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     """`bench --peers`: time torch's peers after our runs, print their table; the JSON object."""
-    from qwen38gen import peers as Pm
+    from qwen38gen.perf import peers as Pm
 
     with err.status("peers") as st:
         pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
@@ -863,9 +863,9 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
                                  "committed bench/2026-12-04-h200-v20.json).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
 def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_out):
-    """The timing model of the decode step (qwen38gen/perfmodel.py): its fit on the measured
+    """The timing model of the decode step (qwen38gen/perf/perfmodel.py): its fit on the measured
     run, then predictions for today's program and the persistent step. Model, not measurement."""
-    from qwen38gen import perfmodel as P
+    from qwen38gen.perf import perfmodel as P
     from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
 

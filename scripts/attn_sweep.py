@@ -159,7 +159,7 @@ def run(cubin: str, reps: int = 30):
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
-    from qwen38gen.bench import time_back_to_back
+    from qwen38gen.perf.bench import time_back_to_back
     from qwen38gen.runtime import allow_dynamic_smem
 
     mod = drv.module_from_file(cubin)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.backends import RuntimeBackend
+from qwen38gen.serve.backends import RuntimeBackend
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError

@@ -90,7 +90,7 @@ def test_bench_tables_keep_every_digit():
     from rich.console import Console
 
     from qwen38gen import report as R
-    from qwen38gen.bench import BenchRow
+    from qwen38gen.perf.bench import BenchRow
     from qwen38gen.config import PRESETS
 
     d = json.loads((Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json").read_text())

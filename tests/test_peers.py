@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from qwen38gen import peers as P
+from qwen38gen.perf import peers as P
 from qwen38gen.config import load_config
 from qwen38gen.plan.entries import fused_weights
 
@@ -95,7 +95,7 @@ def test_bench_peers_cli_without_cuda(monkeypatch, tmp_path, capsys):
     import subprocess
 
     import cli
-    from qwen38gen import bench as Bm
+    from qwen38gen.perf import bench as Bm
 
     row = Bm.BenchRow(batch=1, lane="b1", step_ms=4.0, step_ms_spread=(3.9, 4.1), tok_s=250.0,
                       floor_ms=3.3, floor_bytes=13.6e9, gbs=3400.0, ratio=1.2,

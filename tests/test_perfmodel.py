@@ -1,4 +1,4 @@
-"""The timing model (qwen38gen/perfmodel.py): its bytes against the floor model, its fit on the
+"""The timing model (qwen38gen/perf/perfmodel.py): its bytes against the floor model, its fit on the
 committed measurements within the stated tolerance, sanity of its predictions, and `perf`'s
 one-line errors."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38gen import perfmodel as pm
+from qwen38gen.perf import perfmodel as pm
 from qwen38gen.config import INT4_GROUP, load_config
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError

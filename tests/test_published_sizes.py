@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors, state_errors
+from qwen38gen.verify.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS, PUBLISHED, _hybrid, load_config
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError

@@ -8,7 +8,7 @@ the hand-off to decode. (It found the o-buffer stride bug that only shows with m
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors, state_errors
+from qwen38gen.verify.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes

@@ -1,4 +1,4 @@
-"""`check --mtp` (qwen38gen.check.check_spec) wired end to end on the CPU: the GPU Runtime is
+"""`check --mtp` (qwen38gen.verify.check.check_spec) wired end to end on the CPU: the GPU Runtime is
 replaced by the numpy schedule emulator (same executor interface), on the first golden prompts and
 steps. The emulator is fp64 and the golden streams come from the bf16 GPU program, so this uses
 prompts whose golden streams the reference reproduces exactly (checked first)."""
@@ -7,8 +7,8 @@ import dataclasses
 
 import numpy as np
 
-from qwen38gen import check as C
-from qwen38gen import golden as G
+from qwen38gen.verify import check as C
+from qwen38gen.verify import golden as G
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
@@ -53,7 +53,7 @@ def test_check_spec_on_emulator(monkeypatch):
 
 
 def test_bench_mtp_implied_tokens():
-    from qwen38gen.bench_mtp import tokens_per_step
+    from qwen38gen.perf.bench_mtp import tokens_per_step
 
     assert tokens_per_step(0.0, 3) == 1.0 and tokens_per_step(1.0, 2) == 3.0
     assert abs(tokens_per_step(0.5, 1) - 1.5) < 1e-12

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from ..backends import ProgramSlots
+from ..serve.backends import ProgramSlots
 from ..errors import UserError
 from ..runtime import prompt_chunk
 from ..sampling import SamplingParams

@@ -39,7 +39,7 @@ class Emu:
             self.buf[n] = np.zeros(int(np.prod(shape)), dt)
         self.B = man["lanes"]["batch"]
 
-    # -- the executor interface of qwen38gen.spec_runtime (as qwen38gen.runtime.Runtime's)
+    # -- the executor interface of qwen38gen.verify.spec_runtime (as qwen38gen.runtime.Runtime's)
     def _shape(self, name):
         return resolve_shape(self.man["buffers"][name]["shape"], self.tmax)
 

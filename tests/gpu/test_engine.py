@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.backends import RuntimeBackend
-from qwen38gen.check import build, default_tensors
+from qwen38gen.serve.backends import RuntimeBackend
+from qwen38gen.verify.check import build, default_tensors
 from qwen38gen.config import PRESETS
-from qwen38gen.engine import Engine
+from qwen38gen.serve.engine import Engine
 from qwen38gen.lanes import Lanes
-from qwen38gen.requests import Request
+from qwen38gen.serve.requests import Request
 from qwen38gen.runtime import Runtime
 from qwen38gen.sampling import SamplingParams
 

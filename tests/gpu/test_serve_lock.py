@@ -7,7 +7,7 @@ import pytest
 
 from qwen38gen.config import PRESETS
 from qwen38gen.lanes import Lanes
-from qwen38gen.serve_lock import gpu_backends, serve_lock
+from qwen38gen.verify.serve_lock import gpu_backends, serve_lock
 
 
 @pytest.mark.parametrize("B", [2, 3, 16])

@@ -3,8 +3,8 @@ computes, bit for bit, and one replay records every block of every launch in sch
 
 import pytest
 
-from qwen38gen import trace as T
-from qwen38gen.check import build, default_tensors
+from qwen38gen.perf import trace as T
+from qwen38gen.verify.check import build, default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.lanes import Lanes
 from qwen38gen.runtime import Runtime

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from . import golden as G
-from .config import PRESETS, ModelConfig
-from .emit import atomic_write, emit_program
-from .errors import UserError
-from .gate import ResourceError, compile_source
-from .lanes import Lanes
+from ..config import PRESETS, ModelConfig
+from ..emit import atomic_write, emit_program
+from ..errors import UserError
+from ..gate import ResourceError, compile_source
+from ..lanes import Lanes
 
 
 def build(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> tuple[str, dict]:
@@ -40,7 +40,7 @@ def check_model(spec, folder: Path | None = None) -> ModelConfig:
     a golden file in ``folder`` (default: the packaged one), are refused naming those that have
     one. A config.json or a folder of only a config.json of such a preset's geometry is that
     preset."""
-    from .config import resolve_model
+    from ..config import resolve_model
 
     resolved = resolve_model(spec)
     names = [n for n in PRESETS if G.golden_path(PRESETS[n], folder=folder).is_file()]
@@ -61,14 +61,14 @@ def default_tensors(cfg: ModelConfig, seed: int = G.SEED, mtp: bool = False) -> 
     them (the runtime packs the float weights itself; the reference gets the dequantization).
     mtp: with the MTP layer's tensors (each tensor is seeded by its name, so the others are the
     same either way)."""
-    from .weights import synthetic_weights
+    from ..weights import synthetic_weights
 
     return synthetic_weights(cfg, seed, mtp=mtp)
 
 
 def run_batches(cfg, lanes, tensors, prompts, steps, tmax, forced=None, topk=True,
                 keep_state=False):
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
     cubin, manifest = build(cfg, lanes)
     out, states = [], []
@@ -90,8 +90,8 @@ def _ref_worker(args):
     """(prompt, tokens) -> teacher-forced reference logits and final state, in a subprocess."""
     prompt, tokens = args
     if "ref" not in _REF:
-        from .quantize import int4_weights
-        from .reference import Reference
+        from ..quantize import int4_weights
+        from ..reference import Reference
 
         cfg = PRESETS[G.MODEL]
         _REF["ref"] = Reference(cfg, int4_weights(cfg, default_tensors(cfg)))
@@ -169,7 +169,7 @@ def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dic
     (row ``b``): the worst relative error over the layers, for the recurrent state, the conv ring
     (the reference's last K-1 rows laid out as the kernel's ring, reference.conv_to_ring) and the
     K and V caches up to the sequence's position."""
-    from .reference import conv_to_ring
+    from ..reference import conv_to_ring
 
     pos = int(bufs["pos"][slot])
     gdn = list(enumerate(cfg.linear_layers))
@@ -226,13 +226,13 @@ def check_gpu(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outc
 
 
 def check_spec(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
-    """`check --mtp K`: speculative decoding with the mtp program (qwen38gen.spec_runtime) on
+    """`check --mtp K`: speculative decoding with the mtp program (qwen38gen.verify.spec_runtime) on
     every golden prompt, B at a time (prompts cycle to fill a large batch): its token streams
     must equal the golden greedy streams exactly. Twice: with the program's own drafts, and with
     the drafts forced right from the golden stream (then every verify pass but a sequence's last
     must accept all K drafts, which exercises the multi-token accept and the state-slot rollback).
     Rows: mode, slot, golden sequence, prompt length, tokens, acceptance, target passes, status."""
-    from .runtime import Runtime
+    from ..runtime import Runtime
     from .spec_runtime import speculative_run, tmax_needed
 
     cfg = cfg or PRESETS[G.MODEL]
@@ -296,8 +296,8 @@ def quantized_synthetic(cfg: ModelConfig, seed: int = G.SEED) -> dict:
     """Seeded synthetic weights with every linear weight quantized once (int4 g128
     `QuantizedTensor`s): the program packs them as they are and the reference computes with
     their dequantization, so both see the same int4 weights."""
-    from .quantize import QuantizedTensor
-    from .weights import quantize_pack
+    from ..quantize import QuantizedTensor
+    from ..weights import quantize_pack
 
     shapes = cfg.tensor_shapes()
     out = {}
@@ -362,8 +362,8 @@ def check_reference(cfg: ModelConfig, lanes: Lanes, steps: int = REF_STEPS) -> O
     """`check --reference`: the program of ``cfg`` (any supported geometry, e.g. a published
     dense size) on synthetic int4 weights, its own greedy streams on REF_PROMPT_LENGTHS prompts
     (cycled to fill the batch) against the numpy reference teacher-forced on them."""
-    from .quantize import dequantized_weights
-    from .reference import Reference
+    from ..quantize import dequantized_weights
+    from ..reference import Reference
 
     prompts = reference_prompts(cfg)
     count = max(len(prompts), lanes.batch)

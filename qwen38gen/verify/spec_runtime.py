@@ -35,9 +35,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .errors import UserError
-from .runtime import prompt_chunk
-from .speculative import SpecStats
+from ..errors import UserError
+from ..runtime import prompt_chunk
+from ..speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .config import PRESETS, ModelConfig
-from .errors import UserError
-from .lanes import DEFAULT_PT, Lanes, lane_name
-from .resources import golden_dir
+from .. import __version__
+from ..config import PRESETS, ModelConfig
+from ..errors import UserError
+from ..lanes import DEFAULT_PT, Lanes, lane_name
+from ..resources import golden_dir
 
 FORMAT = "qwen38gen-golden"
 VERSION = 1

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .check import build
-from .config import ModelConfig
-from .lanes import Lanes
-from .runtime import DeviceFill, Runtime, _drv
+from ..config import ModelConfig
+from ..lanes import Lanes
+from ..runtime import DeviceFill, Runtime, _drv
+from ..tuning import Tuning
+from ..verify.check import build
 from .timing import KINDS, kind_of, time_graph
-from .tuning import Tuning
 
 __all__ = ["BenchRow", "bench", "fill_state", "kind_of", "time_graph", "to_json", "plot"]
 

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .sampling import SamplingParams
+from ..errors import UserError
+from ..sampling import SamplingParams
 
 FIELDS = ("id", "prompt", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "min_p",
           "seed", "stop_token_ids", "ignore_eos")

@@ -10,9 +10,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .engine import Result, Stats, check_request
-from .errors import UserError
+from ..errors import UserError
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
@@ -23,7 +23,7 @@ def load_tokenizer(model: str, weights_dir: Path | None):
     """The model folder's tokenizer, or None (a preset, no tokenizer files, or no tokenizer
     module in this build)."""
     try:
-        from .tokenizer import load_tokenizer as load
+        from ..tokenizer import load_tokenizer as load
     except ImportError:
         return None
     for d in (weights_dir, Path(model)):
@@ -62,8 +62,8 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
 
 def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int) -> dict:
     """The weights the backend starts from: a checkpoint folder, or seeded synthetic."""
-    from .check import default_tensors
-    from .quantize import QUANT_JSON, load_any, load_quantized
+    from ..verify.check import default_tensors
+    from ..quantize import QUANT_JSON, load_any, load_quantized
 
     if weights_dir is None:
         return default_tensors(cfg, seed)
@@ -79,8 +79,8 @@ def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, c
     import numpy as np
 
     from .backends import ReferenceBackend
-    from .quantize import QuantizedTensor, dequantized_weights, int4_weights
-    from .reference import Reference
+    from ..quantize import QuantizedTensor, dequantized_weights, int4_weights
+    from ..reference import Reference
 
     if any(isinstance(v, QuantizedTensor) for v in tensors.values()):
         w = dequantized_weights(tensors)
@@ -93,8 +93,8 @@ def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, c
 def gpu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
     """The emitted program (built and gated, cached) on the GPU; closed on exit."""
     from .backends import RuntimeBackend
-    from .check import build
-    from .runtime import Runtime, _drv
+    from ..verify.check import build
+    from ..runtime import Runtime, _drv
 
     _drv()   # no GPU: say so before the build
     cubin, manifest = build(cfg, lanes)

@@ -17,11 +17,11 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from ..config import ModelConfig
+from ..sampling import SamplingParams
+from ..serve.engine import Engine, Result, Stats
+from ..serve.requests import Request, default_seed
 from .check import Outcome, default_tensors
-from .config import ModelConfig
-from .engine import Engine, Result, Stats
-from .requests import Request, default_seed
-from .sampling import SamplingParams
 
 SEED = 2024
 
@@ -81,7 +81,7 @@ def ctx_for(slots: int, chunk: int, vocab: int) -> int:
 
 def emu_backends(cfg: ModelConfig, lanes):
     """backend_of for the emulated schedule (CPU)."""
-    from .emu.backend import EmuBackend
+    from ..emu.backend import EmuBackend
 
     tensors = default_tensors(cfg)
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)
@@ -90,7 +90,7 @@ def emu_backends(cfg: ModelConfig, lanes):
 
 def gpu_backends(cfg: ModelConfig, lanes):
     """backend_of for the emitted programs on the GPU (built and gated, cached)."""
-    from .serve import gpu_backend
+    from ..serve.run import gpu_backend
 
     tensors = default_tensors(cfg)
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)

@@ -39,9 +39,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 from .requests import Request
-from .sampling import sample
+from ..sampling import sample
 
 
 class Backend(Protocol):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import UserError
-from .reference import Reference
-from .runtime import prompt_chunk
-from .sampling import SamplingParams, pack_params
+from ..errors import UserError
+from ..reference import Reference
+from ..runtime import prompt_chunk
+from ..sampling import SamplingParams, pack_params
 
 
 class ReferenceBackend:

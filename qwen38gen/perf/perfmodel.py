@@ -65,10 +65,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import INT4_GROUP, ModelConfig, load_config
-from .errors import UserError
-from .lanes import Lanes
-from .plan.entries import cdiv
+from ..config import INT4_GROUP, ModelConfig, load_config
+from ..errors import UserError
+from ..lanes import Lanes
+from ..plan.entries import cdiv
 from .timing import kind_of
 
 # ---------------------------------------------------------------- measured anchors (H200)
@@ -83,7 +83,7 @@ PLAIN_TFLOPS = 945.0            # a plain m64n64k16 wgmma chain (v16: 940-950)
 # assumptions of the persistent design (stated, not measured)
 COUNTER_US = 1.0                # a release store and an acquire poll through L2
 RING_BYTES = 160 * 1024         # shared-memory ring of one SM's loader
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json"
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "bench" / "2026-12-04-h200-v20.json"
 CALIBRATION_BATCHES = (1, 16, 32, 64)
 DESIGNS = ("today", "persistent", "both")
 GEMV_FAMILIES = {"gemv_q4": "gemv_q4", "gemm_q4": "gemv_q4",
@@ -159,7 +159,7 @@ def hbm_parts(costs: list[LaunchCost]) -> dict[str, float]:
 
 def program_costs(cfg: ModelConfig, batch: int, ctx: int) -> list[LaunchCost]:
     """Emit today's default decode program at `batch` (as bench does) and cost its launches."""
-    from .emit import emit_program
+    from ..emit import emit_program
 
     return launch_costs(cfg, emit_program(cfg, Lanes.make(batch, pt=1)).manifest, ctx)
 
@@ -386,7 +386,7 @@ def _persistent_both(costs: list[LaunchCost], p: Params) -> dict:
 
 def parse_batches(text: str) -> list[int]:
     """`--batch 1,16,64` as a list of supported batch sizes, or a UserError naming the bad one."""
-    from .lanes import SUPPORTED
+    from ..lanes import SUPPORTED
 
     lo, hi = SUPPORTED["batch"][0], SUPPORTED["batch"][-1]
     try:
