@@ -620,7 +620,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
     from qwen38gen.verify import golden as G
     from qwen38gen.verify.check import check_gpu, check_model, validate_golden
     from qwen38gen.config import PRESETS
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     cfg = PRESETS[G.MODEL] if model is None else check_model(model, golden_dir)
     lanes = _make_lanes(**lane_kw)
@@ -632,7 +632,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
                             "(a geometry checked against the numpy reference), not both")
         _check_reference(ref_model, lanes)
     try:
-        _drv()
+        cuda_driver()
         have_gpu = True
     except UserError as e:
         have_gpu, why = False, str(e)
@@ -668,7 +668,7 @@ def _check_reference(model: str, lanes) -> None:
     from qwen38gen.verify.check import check_reference
     from qwen38gen.config import load_config
     from qwen38gen.lanes import check_model
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     cfg = load_config(model)
     check_model(cfg)
@@ -676,7 +676,7 @@ def _check_reference(model: str, lanes) -> None:
         raise UserError("check --reference runs the plain decode program; drop --mtp (the mtp "
                         "lock is `check --mtp K` on the golden streams)")
     try:
-        _drv()
+        cuda_driver()
     except UserError as e:
         out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(str(e))}. Nothing was compared.")
         sys.exit(0)

@@ -60,7 +60,8 @@ def scenario(rt, cfg, B: int, refill: bool, run) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    from qwen38gen.verify.check import build, default_tensors
+    from qwen38gen.build import build
+    from qwen38gen.weights import default_tensors
     from qwen38gen.config import PRESETS
     from qwen38gen.lanes import Lanes
     from qwen38gen.runtime import Runtime

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen38gen.verify.check import build  # noqa: E402
+from qwen38gen.build import build  # noqa: E402
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.lanes import Lanes  # noqa: E402
 from qwen38gen.tuning import Tuning, tuning_from_env  # noqa: E402

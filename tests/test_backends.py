@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.serve.backends import RuntimeBackend
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError
@@ -19,6 +18,7 @@ from qwen38gen.lanes import Lanes
 from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import DT, Runtime
 from qwen38gen.sampling import SamplingParams, pack_params
+from qwen38gen.serve.backends import RuntimeBackend
 
 
 class HostMem:

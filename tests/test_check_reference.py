@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from qwen38gen.verify import golden as G
-from qwen38gen.verify.check import compare_with_reference, reference_prompts
 from qwen38gen.config import PRESETS
 from qwen38gen.reference import Reference, conv_to_ring
+from qwen38gen.verify import golden as G
+from qwen38gen.verify.check import compare_with_reference, reference_prompts
 from qwen38gen.weights import synthetic_weights
 
 CFG = PRESETS["toy"]
@@ -24,10 +24,10 @@ CFG = PRESETS["toy"]
 
 def _have_gpu() -> bool:
     from qwen38gen.errors import UserError
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     try:
-        _drv()
+        cuda_driver()
         return True
     except UserError:
         return False

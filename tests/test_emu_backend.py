@@ -16,14 +16,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.verify.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emu.backend import EmuBackend
-from qwen38gen.serve.engine import Engine
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
-from qwen38gen.serve.requests import Request, default_seed
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.engine import Engine
+from qwen38gen.serve.requests import Request, default_seed
+from qwen38gen.weights import default_tensors
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 

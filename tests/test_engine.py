@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.serve.backends import ReferenceBackend
 from qwen38gen.config import PRESETS
-from qwen38gen.serve.engine import Engine
 from qwen38gen.errors import UserError
 from qwen38gen.reference import Reference
-from qwen38gen.serve.requests import Request, default_seed
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.backends import ReferenceBackend
+from qwen38gen.serve.engine import Engine
+from qwen38gen.serve.requests import Request, default_seed
 from qwen38gen.weights import synthetic_weights
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from qwen38gen.perf import peers as P
 from qwen38gen.config import load_config
+from qwen38gen.perf import peers as P
 from qwen38gen.plan.entries import fused_weights
 
 

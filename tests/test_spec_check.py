@@ -7,11 +7,12 @@ import dataclasses
 
 import numpy as np
 
-from qwen38gen.verify import check as C
-from qwen38gen.verify import golden as G
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
+from qwen38gen.verify import check as C
+from qwen38gen.verify import golden as G
+from qwen38gen.weights import default_tensors
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 from qwen38gen.emu.schedule import Emu
 
@@ -36,7 +37,7 @@ def test_check_spec_on_emulator(monkeypatch):
     from qwen38gen.quantize import int4_weights
     from qwen38gen.reference import Reference
 
-    ref = Reference(cfg, int4_weights(cfg, C.default_tensors(cfg)), dtype=np.float64)
+    ref = Reference(cfg, int4_weights(cfg, default_tensors(cfg)), dtype=np.float64)
     cand = g.sequences[:6]
     gen = ref.generate([s["prompt"] for s in cand], steps)
     seqs = [dict(s, tokens=s["tokens"][:steps], topk=s["topk"][:steps])

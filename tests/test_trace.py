@@ -6,10 +6,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qwen38gen.perf import trace as T
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
+from qwen38gen.perf import trace as T
 
 
 def test_trace_variant_wraps_every_entry_and_nothing_else_changes():

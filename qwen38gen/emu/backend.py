@@ -22,7 +22,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..serve.backends import ProgramSlots
 from ..errors import UserError
-from ..runtime import prompt_chunk
+from ..inputs import prompt_chunk
 from ..sampling import SamplingParams
 from .schedule import Emu
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..manifest import check_format
 from ..plan.attention import attn_part_floats, attn_stride
 from ..plan.program import resolve_shape
-from ..runtime import fused_arrays, pack_weights
+from ..inputs import fused_arrays, pack_weights
 from ..sampling import TOP_P_BITS, SamplingParams, sample
 from ..weights import dequantize, xtile_index
 from . import ops as R

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..build import build
 from ..config import ModelConfig
 from ..lanes import Lanes
-from ..runtime import DeviceFill, Runtime, _drv
+from ..runtime import DeviceFill, Runtime, cuda_driver
 from ..tuning import Tuning
-from ..verify.check import build
 from .timing import KINDS, kind_of, time_graph
 
 __all__ = ["BenchRow", "bench", "fill_state", "kind_of", "time_graph", "to_json", "plot"]
@@ -163,7 +163,7 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
           progress=None, trace: bool = False,
           tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
-    drv = _drv()
+    drv = cuda_driver()
     ctx0 = drv.Device(0).make_context()
     try:
         bw = copy_bandwidth(drv)

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..build import build
 from ..config import ModelConfig
 from ..lanes import Lanes
 from ..runtime import DeviceFill, Runtime
 from ..tuning import Tuning
-from ..verify.check import build
 from .bench import fill_state, time_graph
 
 ALPHAS = (0.5, 0.7, 0.9)

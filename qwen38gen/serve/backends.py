@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
+from ..inputs import prompt_chunk
 from ..reference import Reference
-from ..runtime import prompt_chunk
 from ..sampling import SamplingParams, pack_params
 
 

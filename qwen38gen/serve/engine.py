@@ -40,8 +40,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import UserError
-from .requests import Request
 from ..sampling import sample
+from .requests import Request
 
 
 class Backend(Protocol):

@@ -1,6 +1,5 @@
 """The equivalence locks: build a program, run it on the golden prompts, compare.
 
-* ``build(cfg, lanes)``: emit + gate (nvcc, cached) -> (cubin path, manifest).
 * ``run_batches``: prompts through a Runtime, B at a time (more prompts than B run in successive
   batches).
 * ``update_golden``: the batch-1 program's runs, checked against the numpy reference, written.
@@ -18,20 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import golden as G
+from ..build import build
 from ..config import PRESETS, ModelConfig
-from ..emit import atomic_write, emit_program
+from ..emit import atomic_write
 from ..errors import UserError
-from ..gate import ResourceError, compile_source
 from ..lanes import Lanes
-
-
-def build(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> tuple[str, dict]:
-    prog = emit_program(cfg, lanes, trace=trace)
-    res = compile_source(prog.source, prog.name + ".cu", arch=lanes.arch, manifest=prog.manifest)
-    if res.problems and not trace:   # the trace variant's extra registers may spill: allowed
-        raise ResourceError(res)
-    return res.cubin, prog.manifest
+from ..weights import default_tensors
+from . import golden as G
 
 
 def check_model(spec, folder: Path | None = None) -> ModelConfig:
@@ -54,16 +46,6 @@ def check_model(spec, folder: Path | None = None) -> ModelConfig:
                         "--reference MODEL` (against the numpy reference), a checkpoint's text "
                         "with `qwen38gen run --backend reference --model DIR` against `--backend gpu`")
     return match
-
-
-def default_tensors(cfg: ModelConfig, seed: int = G.SEED, mtp: bool = False) -> dict:
-    """The embedded default's weights: seeded synthetic, as the int4 program and its oracle use
-    them (the runtime packs the float weights itself; the reference gets the dequantization).
-    mtp: with the MTP layer's tensors (each tensor is seeded by its name, so the others are the
-    same either way)."""
-    from ..weights import synthetic_weights
-
-    return synthetic_weights(cfg, seed, mtp=mtp)
 
 
 def run_batches(cfg, lanes, tensors, prompts, steps, tmax, forced=None, topk=True,

@@ -21,7 +21,8 @@ from ..config import ModelConfig
 from ..sampling import SamplingParams
 from ..serve.engine import Engine, Result, Stats
 from ..serve.requests import Request, default_seed
-from .check import Outcome, default_tensors
+from ..weights import default_tensors
+from .check import Outcome
 
 SEED = 2024
 

@@ -36,7 +36,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..runtime import prompt_chunk
+from ..inputs import prompt_chunk
 from ..speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]

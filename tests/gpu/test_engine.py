@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.serve.backends import RuntimeBackend
-from qwen38gen.verify.check import build, default_tensors
+from qwen38gen.build import build
 from qwen38gen.config import PRESETS
-from qwen38gen.serve.engine import Engine
 from qwen38gen.lanes import Lanes
-from qwen38gen.serve.requests import Request
 from qwen38gen.runtime import Runtime
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.backends import RuntimeBackend
+from qwen38gen.serve.engine import Engine
+from qwen38gen.serve.requests import Request
+from qwen38gen.weights import default_tensors
 
 PT = 8
 LENGTHS = (1, 9, 3, 17, 8, 20, 2)
