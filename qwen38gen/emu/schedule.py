@@ -17,7 +17,7 @@ from ..manifest import check_format
 from ..plan.attention import attn_part_floats, attn_stride
 from ..plan.program import resolve_shape
 from ..inputs import fused_arrays, pack_weights
-from ..sampling import TOP_P_BITS, SamplingParams, sample
+from ..sampling import FPAR_COLUMNS, UPAR_COLUMNS, sample, unpack_params
 from ..weights import dequantize, xtile_index
 from . import ops as R
 
@@ -234,10 +234,11 @@ class Emu:
 
     def k_sample(self, L, pt):
         """kernels/sampling.cuh, by its numpy twin (sampling.sample) on the parameters unpacked
-        from the kernel's arguments (the inverse of sampling.pack_params)."""
+        from the kernel's arguments (sampling.unpack_params, the inverse of pack_params)."""
         a, R_ = L["args"], L["grid"][0]
         lg = self.view(a[0], (R_, self.cfg.vocab_size))
-        fpar, upar = self.view(a[1], (R_, 2)), self.view(a[2], (R_, 4))
+        fpar = self.view(a[1], (R_, len(FPAR_COLUMNS)))
+        upar = self.view(a[2], (R_, len(UPAR_COLUMNS)))
         ctr, tok = self.view(a[3], (R_,)), self.view(a[4], (R_,))
         for r in range(R_):
             tok[r] = sample(lg[r], unpack_params(fpar[r], upar[r]), int(ctr[r]))
@@ -272,14 +273,6 @@ class Emu:
             self.view(a[0], (B, stride))[:, j] = self.view(a[1], (B,))
         else:
             raise ValueError(L["k"])
-
-
-def unpack_params(fpar, upar) -> SamplingParams:
-    """One row of sampling.pack_params's arrays back to its parameters (what the kernel reads)."""
-    u = [int(v) & 0xFFFFFFFF for v in upar]
-    top_k = u[0] - (1 << 32) if u[0] >> 31 else u[0]
-    return SamplingParams(temperature=float(np.float32(fpar[0])), min_p=float(np.float32(fpar[1])),
-                          top_k=top_k, top_p=u[1] / (1 << TOP_P_BITS), seed=u[2] | (u[3] << 32))
 
 
 # Families one method serves (the others by their own name).
