@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..inputs import fused_arrays, pack_weights
 from ..manifest import check_format
 from ..plan.attention import attn_part_floats, attn_stride
+from ..plan.families import family
 from ..plan.program import resolve_shape
-from ..inputs import fused_arrays, pack_weights
 from ..sampling import FPAR_COLUMNS, UPAR_COLUMNS, sample, unpack_params
 from ..weights import dequantize, xtile_index
 from . import ops as R
@@ -72,9 +73,9 @@ class Emu:
     def run(self, phase: str):
         for L in self.man["schedule"][phase]:
             k = self.kernel(L)
-            getattr(self, "k_" + FAMILY_METHOD.get(k["family"], k["family"]))(L, k.get("pt", 1))
+            getattr(self, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 
-    # -- one method per kernel family (FAMILY_METHOD: the families one method serves)
+    # -- the kernel families' methods (plan/families.py's emu column: one may serve several)
     def k_embed(self, L, pt):
         E = self.T[L["args"][0][1]]
         R_ = L["grid"][0]
@@ -273,10 +274,3 @@ class Emu:
             self.view(a[0], (B, stride))[:, j] = self.view(a[1], (B,))
         else:
             raise ValueError(L["k"])
-
-
-# Families one method serves (the others by their own name).
-FAMILY_METHOD = {"gemv_q4": "gemv", "gemm_q4": "gemv", "wgmma_q4": "gemv", "wgmma_sk_q4": "gemv",
-                 "rmsnorm_ld": "rmsnormld", "attn_prep": "attn", "attn_tc": "attn",
-                 "gather_last": "gather", "spec_accept": "spec", "spec_tokens": "spec",
-                 "spec_pos": "spec", "spec_put": "spec"}

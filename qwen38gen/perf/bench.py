@@ -126,7 +126,7 @@ def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, floa
     timed one by one, this keeps the back-to-back overlap (PDL) of the real step."""
     drv, sched = rt.drv, rt.manifest["schedule"]["decode"]
     out = {}
-    for kind in [k for k, _ in KINDS] + ["rest"]:
+    for kind in KINDS:
         subset = [L for L, s in zip(rt.launches["decode"], sched)
                   if kind_of(rt.manifest, s) == kind]
         if not subset:

@@ -69,6 +69,7 @@ from ..config import INT4_GROUP, ModelConfig, load_config
 from ..errors import UserError
 from ..lanes import Lanes
 from ..plan.entries import cdiv
+from ..plan.families import FAMILIES, KINDS
 from .timing import kind_of
 
 # ---------------------------------------------------------------- measured anchors (H200)
@@ -86,10 +87,10 @@ RING_BYTES = 160 * 1024         # shared-memory ring of one SM's loader
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "bench" / "2026-12-04-h200-v20.json"
 CALIBRATION_BATCHES = (1, 16, 32, 64)
 DESIGNS = ("today", "persistent", "both")
-GEMV_FAMILIES = {"gemv_q4": "gemv_q4", "gemm_q4": "gemv_q4",
-                 "wgmma_q4": "wgmma", "wgmma_sk_q4": "wgmma"}
+# The GEMV families and the timing model's class of each (plan/families.py's gemv column).
+GEMV_FAMILIES = {n: f.gemv for n, f in FAMILIES.items() if f.gemv}
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
-MEASURED_KINDS = ("gemv", "delta rule", "attention", "rest")
+MEASURED_KINDS = KINDS
 
 
 @dataclass(frozen=True)
