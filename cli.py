@@ -43,7 +43,7 @@ def cli():
               help="Preset, config.json or checkpoint folder (the same as the MODEL argument).")
 @click.option("--ctx", default=1024, show_default=True, help="Context length T for the floor.")
 @click.option("--bandwidth", default=4.149e12, show_default=True,
-              help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
+              help="Copy bandwidth in bytes/s for the floor (docs/PERFORMANCE.md's H200 figure).")
 @click.option("--list", "list_presets", is_flag=True,
               help="List the presets (the published Qwen3.5 dense sizes and the test models).")
 def info(model, model_opt, ctx, bandwidth, list_presets):
@@ -855,7 +855,7 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
               help="Comma-separated batch sizes.")
 @click.option("--ctx", type=int, default=1024, show_default=True, help="Cached tokens T.")
 @click.option("--design", default="both", show_default=True,
-              help="today (the emitted program), persistent (issue 34 item 2) or both.")
+              help="today (the emitted program), persistent (item 2, docs/TIMING_MODEL.md) or both.")
 @click.option("--measured", "measured_file", type=click.Path(path_type=Path), default=None,
               help="A `bench --json` file whose step times to print beside the predictions.")
 @click.option("--calibration", "calibration_file", type=click.Path(path_type=Path),

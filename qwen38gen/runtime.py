@@ -2,7 +2,7 @@
 capture each step as one CUDA graph, and run prefill + greedy decode.
 
 PyCUDA has no graph API: capture goes through the driver API (libcuda via ctypes) on PyCUDA's
-stream (shared/device/README.md). Everything a step needs (token ids, positions, chunk lengths)
+stream. Everything a step needs (token ids, positions, chunk lengths)
 lives in device buffers that the graph reads, so a step is one `cuGraphLaunch`.
 """
 

@@ -31,7 +31,7 @@ from .errors import UserError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-# Tensors the released Qwen3.5 checkpoints keep in fp32 (MODEL.md §2).
+# Tensors the released Qwen3.5 checkpoints keep in fp32 (docs/MODEL.md §2).
 FP32_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
 
 DEFAULT_SEED = 0   # the synthetic weights of the golden runs and of every default run
@@ -43,7 +43,7 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """One seeded synthetic tensor with non-trivial statistics (MODEL.md §1.2).
+    """One seeded synthetic tensor with non-trivial statistics (docs/MODEL.md §1.2).
 
     Linear weights ~ N(0, 1/in) so activations stay O(1); zero-centred norm weights (used as
     1 + w) ~ U(−0.5, 0.5); the GDN gated-norm weight (plain w) ~ U(0.5, 1.5); A_log ~ U(−1, 1);

@@ -3,8 +3,8 @@ the emitted program's state buffers (byte spans checked on host copies of the bu
 ``RuntimeBackend`` lays out prefill chunks and decode steps as the program reads them (tokens
 row b·pt + t, ntok 0 for an idle slot), uploads a slot's sampling parameters in
 sampling.pack_params's layout when it takes a request, and after a step reads ``next`` [B],
-running the sample phase first only where a choosing slot samples. The GPU itself runs it in the
-verification issue."""
+running the sample phase first only where a choosing slot samples. The GPU runs it in
+tests/gpu/test_engine.py."""
 
 from __future__ import annotations
 

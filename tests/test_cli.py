@@ -33,9 +33,9 @@ def test_help_and_version():
 def test_info_27b():
     rc, out, _ = run("info", "qwen3.8-27b")
     assert rc == 0
-    assert "26.896 B" in out          # text parameters (issue: 26.9 B)
-    assert "13.21 GB" in out          # int4 weights (PERF.md W)
-    assert "3.27 ms" in out and "4.63 ms" in out and "8.97 ms" in out  # PERF.md floors
+    assert "26.896 B" in out          # text parameters (docs/MODEL.md §1.1)
+    assert "13.21 GB" in out          # int4 weights (docs/PERFORMANCE.md W)
+    assert "3.27 ms" in out and "4.63 ms" in out and "8.97 ms" in out  # docs/PERFORMANCE.md floors
 
 
 @pytest.mark.parametrize("args,pattern", [

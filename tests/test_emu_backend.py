@@ -1,6 +1,6 @@
 """The engine on the emitted program's schedule executed in numpy (qwen38gen/emu/backend.py).
 
-* The lock (issue 32 item 5, on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
+* The lock (on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
   different max_tokens) through B slots of the emulated program give every request exactly the
   tokens it gets alone (B = 1), greedy and sampled, at B = 1, 2, 3.
 * Tokens are chosen by the program (the step's argmax, or its sample phase: kernels/sampling.cuh

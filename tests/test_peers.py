@@ -31,7 +31,7 @@ def test_shapes_are_the_fused_weights_in_step_order(model):
 def test_27b_step_is_the_perf_md_weights():
     cfg = load_config("qwen3.8-27b")
     params = sum(r * k for _, r, k in P.linear_shapes(cfg))
-    assert params == cfg.linear_params == 25_621_954_560     # PERF.md: 25.622 B, no padding
+    assert params == cfg.linear_params == 25_621_954_560     # docs/PERFORMANCE.md: 25.622 B, no padding
     assert abs(cfg.int4_weight_bytes() / 1e9 - 13.21) < 0.005
 
 

@@ -1,4 +1,4 @@
-"""Text in and out through a model folder (issue 31, items 3 and 4): ``--model DIR`` on emit, run
+"""Text in and out through a model folder: ``--model DIR`` on emit, run
 and check; ``run --model DIR --prompt TEXT [--chat]`` on the reference backend; generation that
 stops at the end-of-sequence ids, in ``Reference.generate`` and in ``generate``.
 

@@ -1,5 +1,5 @@
 """`qwen38gen bench`: time the decode step as a CUDA graph replay, next to the floor and the copy
-bandwidth measured in the same run (PERF.md).
+bandwidth measured in the same run (docs/PERFORMANCE.md).
 
 Per batch size B: emit and build the program, make the int4 weights on the GPU (DeviceFill), fill
 the state and KV cache to `ctx` tokens, replay the decode graph (warm-up, then the median of

@@ -1,6 +1,7 @@
 """A timing model of the decode step: what each launch must move and compute, calibrated on the
 committed measurements, predicting the step for today's program and for a persistent streaming
-step (issue 34). Every figure it prints is a model prediction, not a measurement.
+step (docs/TIMING_MODEL.md: "item 1", a new GEMV contract, and "item 2", that persistent step).
+Every figure it prints is a model prediction, not a measurement.
 
 Per launch l of the manifest's decode schedule (typed fields only: the kernel's "family", a GEMV's
 "weight" and "btg"):
@@ -33,7 +34,7 @@ calibration batches are used; the others are held out and reported on their own.
 
 The persistent step (item 2): one block per SM, a loader streaming every byte that does not
 depend on the step's results into a shared-memory ring, consumers waiting on counters. Its
-three bounds (issue 34's form):
+three bounds:
 
     stream   Σ s_l,  s_l = b_l / R (weights, KV: read) or b_l / R_copy (GDN state: r + w)
     chain    Σ (h + λ_l), every op waiting on the one before: λ = f / P_c for a GEMV,

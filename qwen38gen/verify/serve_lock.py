@@ -1,4 +1,4 @@
-"""`check --serve`: the continuous-batching lock (issue 32 item 5) on a backend of B slots.
+"""`check --serve`: the continuous-batching lock on a backend of B slots.
 
 N = 2B + 1 requests (prompts of 1 to 3 prefill chunks, different max_tokens, greedy and sampled
 alternating) run each alone (the only request: slot 0, the other slots idle), then all together

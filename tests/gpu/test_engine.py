@@ -1,4 +1,4 @@
-"""The engine's lock on the GPU (the verification issue runs it): N > B requests through B
+"""The engine's lock on the GPU: N > B requests through B
 slots of the emitted tiny program (RuntimeBackend: slot resets, prefill chunks with idle slots,
 decode steps with idle slots) give every request the tokens it gets alone, greedy and sampled,
 at B = 2 and 3 (N = 7 ≥ 2B + 1), with the KV cache NaN-filled before the batched run (slot

@@ -1,4 +1,4 @@
-"""`check --serve` on the GPU (the verification issue runs it): the serve lock's requests through
+"""`check --serve` on the GPU: the serve lock's requests through
 B slots of the emitted tiny program on the PyCUDA runtime, each against itself run alone."""
 
 from __future__ import annotations
