@@ -36,9 +36,20 @@ def test_model_sections_cited_exist():
 
 def test_no_outside_citations():
     perf = "PERF" + ".md"
-    pats = [re.compile(rf"(?<![\w/]){re.escape(perf)}"), re.compile(r"\bissue \d|\(issue\b(?!-)"),
+    pats = [re.compile(rf"(?<![\w/]){re.escape(perf)}"), re.compile(r"\bissue \d|\(" + r"issue\b(?!-)"),
             re.compile("/" + "work/" + r"\w"), re.compile("shared/" + "device/")]
     bad = [(p.relative_to(ROOT).as_posix(), m.group(0))
            for p in tracked(".py", ".md", ".sh", ".cfg", ".toml")
            for pat in pats for m in pat.finditer(p.read_text())]
     assert not bad
+
+
+def test_readme_layout_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("\n## ", readme.index("## Layout") + 3)]
+    words = set(re.findall(r"[\w.]+\.py|\w+/", layout))
+    missing = [p.relative_to(ROOT).as_posix() for p in (ROOT / "qwen38gen").rglob("*.py")
+               if p.name != "__init__.py" and "__pycache__" not in p.parts
+               and p.name not in words]
+    folders = {p.parent.name + "/" for p in (ROOT / "qwen38gen").rglob("__init__.py")} - {"qwen38gen/"}
+    assert not missing and folders <= words, (missing, folders - words)
