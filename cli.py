@@ -43,7 +43,7 @@ def cli():
               help="Preset, config.json or checkpoint folder (the same as the MODEL argument).")
 @click.option("--ctx", default=1024, show_default=True, help="Context length T for the floor.")
 @click.option("--bandwidth", default=4.149e12, show_default=True,
-              help="Copy bandwidth in bytes/s for the floor (PERF.md's H200 figure).")
+              help="Copy bandwidth in bytes/s for the floor (docs/PERFORMANCE.md's H200 figure).")
 @click.option("--list", "list_presets", is_flag=True,
               help="List the presets (the published Qwen3.5 dense sizes and the test models).")
 def info(model, model_opt, ctx, bandwidth, list_presets):
@@ -212,7 +212,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         if use_int4:
             tensors = int4_weights(cfg, tensors)
     ref = Reference(cfg, tensors, dtype=np.float32)
-    from qwen38gen.serve import eos_ids
+    from qwen38gen.serve.run import eos_ids
 
     gen = ref.generate(ids, steps, stop=() if ignore_eos else eos_ids(cfg, tok))
     t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
@@ -440,9 +440,9 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from qwen38gen import serve as S
+    from qwen38gen.serve import run as S
     from qwen38gen.emit import atomic_write
-    from qwen38gen.engine import Engine
+    from qwen38gen.serve.engine import Engine
 
     cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
@@ -527,7 +527,7 @@ _PROMPT_ONLY = ("chat", "think", "max_tokens", "temperature", "top_k", "top_p", 
 def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
     """The requests of `run`: the --prompts file's lines, or one per --prompt with the
     command line's parameters (which a file's lines set for themselves)."""
-    from qwen38gen.requests import prompt_requests, read_requests
+    from qwen38gen.serve.requests import prompt_requests, read_requests
 
     given = [k for k in _PROMPT_ONLY if opts[k]]   # flags False, options None when not given
     if texts and prompts_file is not None:
@@ -569,8 +569,8 @@ _golden_option = click.option(
 @_golden_option
 def golden_cmd(update, candidate, golden_dir):
     """Show, validate (CPU) or regenerate (GPU) the golden single-sequence runs."""
-    from qwen38gen import golden as G
-    from qwen38gen.check import update_golden, validate_golden
+    from qwen38gen.verify import golden as G
+    from qwen38gen.verify.check import update_golden, validate_golden
 
     cols = ("seq", "prompt", "steps", "max |Δlogit| / σ", "argmax", "status")
     if update:
@@ -617,10 +617,10 @@ def _outcome_table(title, cols, res):
                    "emulated schedule (numpy).")
 def check(model, golden_dir, ref_model, serve, **lane_kw):
     """The equivalence lock: the batched program teacher-forced on the golden streams."""
-    from qwen38gen import golden as G
-    from qwen38gen.check import check_gpu, check_model, validate_golden
+    from qwen38gen.verify import golden as G
+    from qwen38gen.verify.check import check_gpu, check_model, validate_golden
     from qwen38gen.config import PRESETS
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     cfg = PRESETS[G.MODEL] if model is None else check_model(model, golden_dir)
     lanes = _make_lanes(**lane_kw)
@@ -632,7 +632,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
                             "(a geometry checked against the numpy reference), not both")
         _check_reference(ref_model, lanes)
     try:
-        _drv()
+        cuda_driver()
         have_gpu = True
     except UserError as e:
         have_gpu, why = False, str(e)
@@ -649,7 +649,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
                   "validated against the numpy reference.")
         sys.exit(0 if res.ok else 1)
     if lanes.mtp:
-        from qwen38gen.check import check_spec
+        from qwen38gen.verify.check import check_spec
 
         res = check_spec(lanes, g, cfg)
         _verdict(f"check {lanes.name}: speculative streams vs the golden greedy streams",
@@ -670,10 +670,10 @@ def _check_reference(model: str, lanes) -> None:
     nothing was compared)."""
     from rich.markup import escape
 
-    from qwen38gen.check import check_reference
+    from qwen38gen.verify.check import check_reference
     from qwen38gen.config import load_config
     from qwen38gen.lanes import check_model
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     cfg = load_config(model)
     check_model(cfg)
@@ -681,7 +681,7 @@ def _check_reference(model: str, lanes) -> None:
         raise UserError("check --reference runs the plain decode program; drop --mtp (the mtp "
                         "lock is `check --mtp K` on the golden streams)")
     try:
-        _drv()
+        cuda_driver()
     except UserError as e:
         out.print(f"[yellow]GPU part NOT run[/yellow]: {escape(str(e))}. Nothing was compared "
                   f"(exit code {EXIT_NOT_RUN}).")
@@ -695,7 +695,7 @@ def _check_reference(model: str, lanes) -> None:
 
 def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
     """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
-    from qwen38gen import serve_lock as SL
+    from qwen38gen.verify import serve_lock as SL
 
     if lanes.mtp:
         raise UserError("check --serve drives the plain decode program; drop --mtp")
@@ -755,7 +755,7 @@ def _int_list(s: str, what: str) -> list[int]:
 @_tune_options
 def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
-    from qwen38gen import bench as Bm
+    from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
 
@@ -799,7 +799,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
     import subprocess
 
-    from qwen38gen import bench_mtp as Mm
+    from qwen38gen.perf import bench_mtp as Mm
     from qwen38gen.emit import atomic_write
     from qwen38gen.lanes import Lanes
 
@@ -827,7 +827,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
 
 def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     """`bench --peers`: time torch's peers after our runs, print their table; the JSON object."""
-    from qwen38gen import peers as Pm
+    from qwen38gen.perf import peers as Pm
 
     with err.status("peers") as st:
         pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
@@ -861,7 +861,7 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
               help="Comma-separated batch sizes.")
 @click.option("--ctx", type=int, default=1024, show_default=True, help="Cached tokens T.")
 @click.option("--design", default="both", show_default=True,
-              help="today (the emitted program), persistent (issue 34 item 2) or both.")
+              help="today (the emitted program), persistent (item 2, docs/TIMING_MODEL.md) or both.")
 @click.option("--measured", "measured_file", type=click.Path(path_type=Path), default=None,
               help="A `bench --json` file whose step times to print beside the predictions.")
 @click.option("--calibration", "calibration_file", type=click.Path(path_type=Path),
@@ -869,9 +869,9 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
                                  "committed bench/2026-12-04-h200-v20.json).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
 def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_out):
-    """The timing model of the decode step (qwen38gen/perfmodel.py): its fit on the measured
+    """The timing model of the decode step (qwen38gen/perf/perfmodel.py): its fit on the measured
     run, then predictions for today's program and the persistent step. Model, not measurement."""
-    from qwen38gen import perfmodel as P
+    from qwen38gen.perf import perfmodel as P
     from qwen38gen.config import load_config
     from qwen38gen.emit import atomic_write
 

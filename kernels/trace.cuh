@@ -6,7 +6,7 @@
 // launch), the kernel's index in the program's entry list, the SM, and three %globaltimer
 // readings in ns: when its thread 0 entered the entry point, when thread 0 came out of
 // griddepcontrol.wait (pdl_wait in common.cuh; 0 if it never waited), and when the block's last
-// thread was done with the body (after a barrier). The host (qwen38gen/trace.py) groups the
+// thread was done with the body (after a barrier). The host (qwen38gen/perf/trace.py) groups the
 // records into launches by grid id and matches them to the schedule.
 //
 // Control block (host-written before the replay, through cuModuleGetGlobal):

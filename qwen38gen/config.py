@@ -1,6 +1,6 @@
 """ModelConfig: the geometry of a Qwen3.5/3.6-family dense hybrid decoder.
 
-Presets (MODEL.md §1): ``qwen3.8-27b`` (the 27B numbers of §1.1), ``tiny`` (27B per-head geometry,
+Presets (docs/MODEL.md §1): ``qwen3.8-27b`` (the 27B numbers of §1.1), ``tiny`` (27B per-head geometry,
 small widths, so the production kernels run unchanged) and ``toy`` (every dimension different, to
 catch transposes in the numpy reference).
 
@@ -8,7 +8,7 @@ Loading: an HF ``config.json`` of either ``Qwen3_5ForCausalLM`` (a text config) 
 ``Qwen3_5ForConditionalGeneration`` (the text config sits under ``text_config``).
 
 Derived figures: tensor shapes under the checkpoint names, parameter counts, int4 bytes,
-per-sequence state bytes and the PERF.md floor model.
+per-sequence state bytes and the docs/PERFORMANCE.md floor model.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from .presets import FULL, LINEAR, PRESET_FIELDS, PUBLISHED, hybrid as _hybrid  
 
 LAYER_TYPES = (LINEAR, FULL)
 
-# int4 g128: 4 bits per weight plus one bf16 scale per 128 weights (PERF.md).
+# int4 g128: 4 bits per weight plus one bf16 scale per 128 weights (docs/PERFORMANCE.md).
 INT4_GROUP = 128
 INT4_BYTES_PER_PARAM = 0.5 + 2.0 / INT4_GROUP
 
-# Checkpoint prefixes (MODEL.md §2).
+# Checkpoint prefixes (docs/MODEL.md §2).
 DECODER = "model.language_model."
 MTP = "mtp."
 # Qwen3_5ForCausalLM.save_pretrained spells the decoder ``model.X`` (no language_model); the
@@ -295,7 +295,7 @@ class ModelConfig:
 
     @property
     def linear_params(self) -> int:
-        """Linear weights read every decode step: the layers' projections plus lm_head (PERF.md)."""
+        """Linear weights read every decode step: the layers' projections plus lm_head (docs/PERFORMANCE.md)."""
         return sum(
             self._numel(s) for n, s in self.tensor_shapes(mtp=False).items() if self.is_int4(n, s)
         )
@@ -340,7 +340,7 @@ class ModelConfig:
                 "kv": batch * ctx * self.kv_bytes_per_token}
 
     def floor_bytes(self, batch: int, ctx: int, lm_head_bf16: bool = False) -> float:
-        """PERF.md: W + B·(recurrent r+w + conv r+w + T·KV) bytes per decode step."""
+        """docs/PERFORMANCE.md: W + B·(recurrent r+w + conv r+w + T·KV) bytes per decode step."""
         return sum(self.floor_parts(batch, ctx, lm_head_bf16).values())
 
     def floor_seconds(self, batch: int, ctx: int, bandwidth: float, lm_head_bf16: bool = False) -> float:

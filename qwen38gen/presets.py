@@ -77,6 +77,6 @@ PRESET_FIELDS: dict[str, dict] = {
 }
 
 # The published dense sizes, smallest first (`qwen38gen info --list`); qwen3.8-27b is the 27B
-# (Qwen/Qwen3.5-27B's text_config, MODEL.md §1.1).
+# (Qwen/Qwen3.5-27B's text_config, docs/MODEL.md §1.1).
 PUBLISHED = {"0.8B": "qwen3.5-0.8b", "2B": "qwen3.5-2b", "4B": "qwen3.5-4b", "9B": "qwen3.5-9b",
              "27B": "qwen3.8-27b"}

@@ -1,6 +1,6 @@
 """Numpy reference of the Qwen3.5/3.6 hybrid decoder (and its MTP row): the oracle, and the spec in code.
 
-Every function follows /work/shared/MODEL.md (section numbers in the comments). The reference
+Every function follows docs/MODEL.md (section numbers in the comments). The reference
 computes in one floating dtype throughout (``np.float32`` by default, ``np.float64`` for the
 oracle): weights are converted once, no intermediate is rounded to bf16. It is meant to be read;
 speed only matters so far as the tests run in seconds on the ``tiny`` and ``toy`` configs.
@@ -29,7 +29,7 @@ Public API
     bitwise the results of B single-sequence runs.
 
 ``Reference.mtp_forward(state, tokens, hiddens, positions) -> (logits, hiddens)``
-    MTP rows (MODEL.md §8.1). Per sequence b: ``tokens[b]`` (n_b ids), ``hiddens[b]``
+    MTP rows (docs/MODEL.md §8.1). Per sequence b: ``tokens[b]`` (n_b ids), ``hiddens[b]``
     ``[n_b, hidden]`` and ``positions[b]``, the position of its first row; rows are at
     consecutive positions. The row at position i takes the token at position i+1 and h_out(i) of the
     main model (the caller does this pairing, §8.1; later drafts pass the MTP's own h'). The rows' K/V go to slots p, p+1, … of the sequence's MTP cache, which is first

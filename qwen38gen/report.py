@@ -40,7 +40,7 @@ def info_tables(cfg, ctx: int, bandwidth: float) -> list[Table]:
               f"recurrent {mib(cfg.recurrent_state_bytes)} fp32 + conv "
               f"{mib(cfg.conv_state_bytes)} bf16 + KV {cfg.kv_bytes_per_token // 1024} KiB/token")
     f = Table(title=f"floor of one decode step, T = {ctx}, copy bandwidth "
-                    f"{bandwidth / 1e12:.3f} TB/s (PERF.md)")
+                    f"{bandwidth / 1e12:.3f} TB/s (docs/PERFORMANCE.md)")
     for c in ("B", "bytes", "step", "tok/s", "linear TFLOP"):
         f.add_column(c, justify="right")
     for b in (1, 16, 64):

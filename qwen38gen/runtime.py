@@ -2,7 +2,7 @@
 capture each step as one CUDA graph, and run prefill + greedy decode.
 
 PyCUDA has no graph API: capture goes through the driver API (libcuda via ctypes) on PyCUDA's
-stream (shared/device/README.md). Everything a step needs (token ids, positions, chunk lengths)
+stream. Everything a step needs (token ids, positions, chunk lengths)
 lives in device buffers that the graph reads, so a step is one `cuGraphLaunch`.
 """
 
@@ -18,6 +18,7 @@ from . import launch
 from .compare import nonfinite_where
 from .config import ModelConfig
 from .errors import UserError
+from .inputs import fused_arrays, pack_weights, prompt_chunk
 from .manifest import check_format
 from .plan.program import resolve_shape
 from .weights import BF16
@@ -25,7 +26,10 @@ from .weights import BF16
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
 
 
-def _drv():
+def cuda_driver():
+    """The GPU probe: pycuda.driver, initialised, or a UserError that says what is missing (PyCUDA,
+    libcuda or a GPU). Commands call it before a build so that a machine without a GPU says so
+    first."""
     try:
         import pycuda.driver as drv
     except Exception as e:  # not installed, or no libcuda
@@ -101,63 +105,6 @@ class Launch:
     prep: object = None   # launch.Prepared when the step is launched with PDL (fn is None then)
 
 
-def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray, np.ndarray]:
-    """Chunk c of a prefill: token rows [B·pt] (row b·pt + t = token c·pt + t of prompt b, 0
-    past its end) and ntok [B] (how many rows of each sequence are real)."""
-    B = len(prompts)
-    toks = np.zeros(B * pt, np.int32)
-    ntok = np.zeros(B, np.int32)
-    for b, p in enumerate(prompts):
-        piece = p[c * pt:(c + 1) * pt]
-        ntok[b] = len(piece)
-        toks[b * pt:b * pt + len(piece)] = piece
-    return toks, ntok
-
-
-def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the packed parts of one fused weight along the row-tile axis.
-
-    ``packed[name] = (qweight, scales_tiled)`` per HF tensor; each part is already padded to a
-    multiple of 16 rows, which is what the manifest's row offsets assume.
-    """
-    qs, ss = [], []
-    for name, off, rows in spec["parts"]:
-        q, s = packed[name]
-        assert q.shape[0] * 16 == -(-rows // 16) * 16, name
-        qs.append(q)
-        ss.append(s)
-    q, s = np.concatenate(qs), np.concatenate(ss)
-    assert q.shape[0] * 16 == spec["rows"]
-    return q, s
-
-
-def pack_weights(cfg: ModelConfig, tensors: dict, mtp: bool = False) -> dict:
-    """HF-named tensors -> {int4 name: (qweight, scales)} ∪ {other name: array}.
-
-    Accepts float/bf16 arrays (quantized here) or `quantize.QuantizedTensor`s (used as they are).
-    mtp: the MTP layer's tensors (``mtp.*``) too, which an mtp-lane program needs.
-    """
-    from .quantize import QuantizedTensor
-    from .weights import quantize_pack
-
-    shapes = cfg.tensor_shapes(mtp=mtp)
-    out = {}
-    for n, shape in shapes.items():
-        if n not in tensors:
-            raise UserError(f"weights are missing tensor {n!r}"
-                            + ("; an mtp-lane program needs the MTP layer's mtp.* tensors"
-                               if n.startswith("mtp.") else ""))
-        v = tensors[n]
-        if cfg.is_int4(n, shape):
-            if isinstance(v, QuantizedTensor):
-                out[n] = (v.qweight, v.scales)
-            else:
-                out[n] = quantize_pack(np.asarray(v, dtype=np.float32), n)
-        else:
-            out[n] = np.asarray(v)
-    return out
-
-
 @dataclass(frozen=True)
 class DeviceFill:
     """Weights made on the GPU from a seed (kernels/fill.cuh): the benchmark's 13 GB of int4
@@ -191,7 +138,7 @@ class Runtime:
     def __init__(self, cubin: str | Path, manifest: dict, cfg: ModelConfig, tensors: dict,
                  tmax: int):
         check_format(manifest, f"the manifest of {Path(cubin).name}")
-        drv = self.drv = _drv()
+        drv = self.drv = cuda_driver()
         if manifest["model"]["hash"] != cfg.hash:
             raise UserError(f"the program was emitted for model hash {manifest['model']['hash']}, "
                             f"but the weights' config has hash {cfg.hash}; emit it for this model")

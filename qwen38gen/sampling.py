@@ -194,14 +194,32 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], positions: lis
                     np.int32)
 
 
+# ---------------------------------------------------------------- the kernel's parameter columns
+# The one owner of the per-row parameter layout that kernels/sampling.cuh reads (fpar[2 r + j],
+# upar[4 r + j]); the program's buffers (plan/sampling.py), the backends and the emulator take it
+# from here.
+FPAR_COLUMNS = ("temperature", "min_p")                        # float32 [R, 2]
+UPAR_COLUMNS = ("top_k", "top_p_q24", "seed_lo", "seed_hi")    # uint32 [R, 4]
+DEFAULTS = SamplingParams()   # a request's parameters where it gives none (greedy)
+
+
 def pack_params(params: list[SamplingParams], positions: list[int]):
-    """The kernel's per-row arguments (kernels/sampling.cuh): fpar float32 [R, 2] (temperature,
-    min_p), upar uint32 [R, 4] (top_k, top_p_q24, seed low word, seed high word), ctr int32 [R]."""
+    """The kernel's per-row arguments (kernels/sampling.cuh): fpar float32 [R, 2] (FPAR_COLUMNS),
+    upar uint32 [R, 4] (UPAR_COLUMNS: top_k, top_p_q24, seed low word, seed high word), ctr int32
+    [R] (the positions)."""
     R = len(params)
-    fpar = np.zeros((R, 2), np.float32)
-    upar = np.zeros((R, 4), np.uint32)
+    fpar = np.zeros((R, len(FPAR_COLUMNS)), np.float32)
+    upar = np.zeros((R, len(UPAR_COLUMNS)), np.uint32)
     for i, p in enumerate(params):
         s = int(p.seed) % (1 << 64)
         fpar[i] = (p.temperature, p.min_p)
         upar[i] = (p.top_k & M32, min(p.top_p_q24, 1 << TOP_P_BITS), s & M32, s >> 32)
     return fpar, upar, np.asarray(positions, np.int64).astype(np.uint32).view(np.int32)
+
+
+def unpack_params(fpar, upar) -> SamplingParams:
+    """One row of pack_params's arrays back to its parameters (what the kernel reads)."""
+    u = [int(v) & M32 for v in upar]
+    top_k = u[0] - (1 << 32) if u[0] >> 31 else u[0]
+    return SamplingParams(temperature=float(np.float32(fpar[0])), min_p=float(np.float32(fpar[1])),
+                          top_k=top_k, top_p=u[1] / (1 << TOP_P_BITS), seed=u[2] | (u[3] << 32))

@@ -1,6 +1,6 @@
 """Greedy speculative decoding with the MTP drafter, in plain numpy on top of ``Reference``.
 
-This is MODEL.md §8.2–8.3 written as a loop over a batch of B independent sequences; it is the
+This is docs/MODEL.md §8.2–8.3 written as a loop over a batch of B independent sequences; it is the
 reference for a GPU implementation, not a fast path. Greedy acceptance makes the output identical
 to plain greedy decoding of the target (``Reference.generate``), which is what the tests lock.
 
@@ -102,7 +102,7 @@ def _restore_sequence(state: State, snap: State, b: int) -> None:
 
 def speculative_generate(ref: Reference, prompts: list[list[int]], steps: int, k: int = 1,
                          draft_hook: DraftHook | None = None) -> tuple[list[list[int]], SpecStats]:
-    """Greedy MTP speculative decoding (MODEL.md §8.2–8.3); see the module docstring.
+    """Greedy MTP speculative decoding (docs/MODEL.md §8.2–8.3); see the module docstring.
 
     Returns (tokens, stats): B lists of ``steps`` token ids (equal to ``ref.generate(prompts,
     steps)``) and the per-sequence ``SpecStats``.

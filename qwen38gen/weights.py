@@ -3,7 +3,7 @@
 Tensors are plain numpy arrays keyed by their checkpoint names (``model.language_model.…``,
 ``lm_head.weight``, ``mtp.…``). bf16 tensors use ``ml_dtypes.bfloat16``.
 
-- synthetic: ``synthetic_tensor``, ``synthetic_weights``
+- synthetic: ``synthetic_tensor``, ``synthetic_weights``, ``default_tensors``
 - files: ``save_checkpoint``, ``CheckpointReader`` (lazy), ``load_checkpoint``, ``check_tensors``
 - int4 g128 (docs/FORMAT.md): ``quantize_int4``, ``pack_int4``, ``unpack_int4``,
   ``quantize_pack``, ``dequantize``, ``gemv_reference``
@@ -31,8 +31,10 @@ from .errors import UserError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-# Tensors the released Qwen3.5 checkpoints keep in fp32 (MODEL.md §2).
+# Tensors the released Qwen3.5 checkpoints keep in fp32 (docs/MODEL.md §2).
 FP32_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
+
+DEFAULT_SEED = 0   # the synthetic weights of the golden runs and of every default run
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -41,7 +43,7 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """One seeded synthetic tensor with non-trivial statistics (MODEL.md §1.2).
+    """One seeded synthetic tensor with non-trivial statistics (docs/MODEL.md §1.2).
 
     Linear weights ~ N(0, 1/in) so activations stay O(1); zero-centred norm weights (used as
     1 + w) ~ U(−0.5, 0.5); the GDN gated-norm weight (plain w) ~ U(0.5, 1.5); A_log ~ U(−1, 1);
@@ -66,7 +68,7 @@ def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray
     return a.astype(np.float32).astype(dtype)
 
 
-def synthetic_weights(cfg: ModelConfig, seed: int = 0, mtp: bool = True) -> dict[str, np.ndarray]:
+def synthetic_weights(cfg: ModelConfig, seed: int = DEFAULT_SEED, mtp: bool = True) -> dict[str, np.ndarray]:
     """Every text tensor of ``cfg`` (plus MTP), seeded, under the checkpoint names. A tied
     config's ``lm_head.weight`` is the embedding itself (the same array)."""
     w = {}
@@ -74,6 +76,14 @@ def synthetic_weights(cfg: ModelConfig, seed: int = 0, mtp: bool = True) -> dict
         tied = cfg.tie_word_embeddings and n == LM_HEAD
         w[n] = w[EMBED] if tied else synthetic_tensor(n, s, seed)
     return w
+
+
+def default_tensors(cfg: ModelConfig, seed: int = DEFAULT_SEED, mtp: bool = False) -> dict:
+    """The embedded default's weights: seeded synthetic, as the int4 program and its oracle use
+    them (the runtime packs the float weights itself; the reference gets the dequantization).
+    mtp: with the MTP layer's tensors (each tensor is seeded by its name, so the others are the
+    same either way). The golden runs are of seed DEFAULT_SEED."""
+    return synthetic_weights(cfg, seed, mtp=mtp)
 
 
 def tie_lm_head(cfg: ModelConfig, tensors: dict) -> dict:

@@ -37,7 +37,7 @@ MAX_SPLITS = 32
 # (NW, ST, SP, MB). The first is the program's schedule (plan.attention, Tuning's attn_*): the bitwise
 # reference of its class and the tolerance reference of every other class. Version 10's sweep
 # (dd8da46:bench/2026-12-03-h200-v10-attn-sweep-3.txt) chose it; the CUDA-core kernel attn and
-# attn_tc's two QK chains (QC 2) it was compared with there left kernels/ with issue 30.
+# attn_tc's two QK chains (QC 2) it was compared with there are no longer in kernels/.
 VARIANTS = [
     (4, 2, 256, 0),
     (4, 3, 256, 0),
@@ -159,7 +159,7 @@ def run(cubin: str, reps: int = 30):
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
-    from qwen38gen.bench import time_back_to_back
+    from qwen38gen.perf.bench import time_back_to_back
     from qwen38gen.runtime import allow_dynamic_smem
 
     mod = drv.module_from_file(cubin)

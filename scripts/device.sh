@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root (or from a patched tree under .ab/ with
-# WHEELS=../../.gpu): install PyCUDA from the wheels in .gpu/ (copied from shared/device by
+# WHEELS=../../.gpu): install PyCUDA from the wheels in .gpu/ (copied from WHEELS_FROM by
 # `make device-prep`), run the GPU tests (TESTS=1; JOBS=16 runs one pytest per test, 16 at a
 # time), regenerate the golden runs (GOLDEN=1), gate one program with its cubin loaded, run
 # `qwen38gen check` at several B, run compute-sanitizer memcheck and racecheck on one prefill
@@ -8,7 +8,7 @@
 # `python3 scripts/ab_step.py prep SPEC` on the CPU machine; carry .ab and .cache/ab), and print
 # a summary table last. Logs go to $OUT/device.log; a regenerated golden file is copied to $OUT.
 #
-# VERIFY=tests|rest|all (issue 33: everything on the device in two calls of under ten minutes;
+# VERIFY=tests|rest|all (everything on the device in two calls of under ten minutes;
 # `make device-prep` first on the CPU machine, carry [".gpu", ".cache"]):
 #   tests: the GPU tests (JOBS=16), check at B in CHECK_B (1 3 16 64) and check --mtp 1 at B in
 #          MTP_CHECK_B (1 16, own and forced drafts);

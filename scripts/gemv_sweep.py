@@ -336,7 +336,7 @@ def run(cubin: str, reps: int = 20):
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
-    from qwen38gen.bench import time_back_to_back
+    from qwen38gen.perf.bench import time_back_to_back
     from qwen38gen.launch import PdlModule
     from qwen38gen.runtime import allow_dynamic_smem
 

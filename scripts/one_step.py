@@ -3,7 +3,7 @@
 `compute-sanitizer --tool memcheck python3 scripts/one_step.py B`.
 
 `python3 scripts/one_step.py B refill` then also refills one slot the way continuous batching does
-(qwen38gen/engine.py): slot 1 is reset (Runtime.reset_slot) and takes a prefill chunk of its own
+(qwen38gen/serve/engine.py): slot 1 is reset (Runtime.reset_slot) and takes a prefill chunk of its own
 while the other slots idle in it (ntok 0) and keep their state, then every slot decodes a step.
 (tests/test_one_step.py runs the same scenario on the schedule's numpy emulation.)
 """
@@ -60,7 +60,8 @@ def scenario(rt, cfg, B: int, refill: bool, run) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    from qwen38gen.check import build, default_tensors
+    from qwen38gen.build import build
+    from qwen38gen.weights import default_tensors
     from qwen38gen.config import PRESETS
     from qwen38gen.lanes import Lanes
     from qwen38gen.runtime import Runtime

@@ -1,4 +1,4 @@
-"""The precision measurement (qwen38gen/precision.py) on the device, and its tables.
+"""The precision measurement (qwen38gen/verify/precision.py) on the device, and its tables.
 
   python3 scripts/precision.py run --models tiny,qwen3.5-0.8b --batches 3,16 --json OUT.json
       [--budget SECONDS] [--jobs N]
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen38gen import precision as P  # noqa: E402
+from qwen38gen.verify import precision as P  # noqa: E402
 from qwen38gen.config import PRESETS  # noqa: E402
 
 # seconds a model took on an H100 (or a guess before the first run), to skip what cannot finish
@@ -94,8 +94,8 @@ def table(path: str) -> int:
 
 
 def golden(path: str) -> int:
-    from qwen38gen import golden as G
-    from qwen38gen.check import default_tensors
+    from qwen38gen.verify import golden as G
+    from qwen38gen.weights import default_tensors
     from qwen38gen.quantize import int4_weights
 
     cfg = PRESETS[G.MODEL]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen38gen.check import build  # noqa: E402
+from qwen38gen.build import build  # noqa: E402
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.lanes import Lanes  # noqa: E402
 from qwen38gen.tuning import Tuning, tuning_from_env  # noqa: E402
@@ -46,7 +46,7 @@ VERIFY_PROGRAMS = (
 
 def models() -> dict:
     """The presets, and the geometry of the HF end-to-end check (hf-e2e: no preset)."""
-    from qwen38gen.hf_e2e import e2e_config
+    from qwen38gen.verify.hf_e2e import e2e_config
 
     return {**PRESETS, "hf-e2e": e2e_config()}
 

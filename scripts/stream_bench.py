@@ -70,7 +70,7 @@ def run(cubin: str, reps: int = 10):
     import pycuda.autoinit  # noqa: F401
     import pycuda.driver as drv
 
-    from qwen38gen.bench import copy_bandwidth
+    from qwen38gen.perf.bench import copy_bandwidth
     from qwen38gen.launch import PdlModule
     from qwen38gen.runtime import _Graphs
 

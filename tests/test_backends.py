@@ -3,15 +3,14 @@ the emitted program's state buffers (byte spans checked on host copies of the bu
 ``RuntimeBackend`` lays out prefill chunks and decode steps as the program reads them (tokens
 row b·pt + t, ntok 0 for an idle slot), uploads a slot's sampling parameters in
 sampling.pack_params's layout when it takes a request, and after a step reads ``next`` [B],
-running the sample phase first only where a choosing slot samples. The GPU itself runs it in the
-verification issue."""
+running the sample phase first only where a choosing slot samples. The GPU runs it in
+tests/gpu/test_engine.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from qwen38gen.backends import RuntimeBackend
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError
@@ -19,6 +18,7 @@ from qwen38gen.lanes import Lanes
 from qwen38gen.plan.program import resolve_shape
 from qwen38gen.runtime import DT, Runtime
 from qwen38gen.sampling import SamplingParams, pack_params
+from qwen38gen.serve.backends import RuntimeBackend
 
 
 class HostMem:

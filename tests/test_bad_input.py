@@ -1,4 +1,4 @@
-"""Bad input as a new user meets it (issue 30, item 7): each is one `error:` line, exit code 2, and
+"""Bad input as a new user meets it: each is one `error:` line, exit code 2, and
 nothing half-written. Most run the command line in this process (cli.main); the ones that need a
 read-only folder run it in a subprocess, as an unprivileged user where the tests run as root."""
 

@@ -1,4 +1,4 @@
-"""`check --reference`'s comparison (qwen38gen.check.compare_with_reference) on the CPU, with fake
+"""`check --reference`'s comparison (qwen38gen.verify.check.compare_with_reference) on the CPU, with fake
 program outputs made from the numpy reference itself (the toy model): exact copies pass; a top-k
 logit off by more than the tolerance, a wrong argmax at a wide margin, a slot whose stream differs
 from the first slot of its prompt, a perturbed final state or a wrong position fail their row.
@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from qwen38gen import golden as G
-from qwen38gen.check import compare_with_reference, reference_prompts
 from qwen38gen.config import PRESETS
 from qwen38gen.reference import Reference, conv_to_ring
+from qwen38gen.verify import golden as G
+from qwen38gen.verify.check import compare_with_reference, reference_prompts
 from qwen38gen.weights import synthetic_weights
 
 CFG = PRESETS["toy"]
@@ -24,10 +24,10 @@ CFG = PRESETS["toy"]
 
 def _have_gpu() -> bool:
     from qwen38gen.errors import UserError
-    from qwen38gen.runtime import _drv
+    from qwen38gen.runtime import cuda_driver
 
     try:
-        _drv()
+        cuda_driver()
         return True
     except UserError:
         return False
@@ -169,7 +169,7 @@ def test_check_reference_wiring_with_a_perfect_fake_program(monkeypatch):
     quantized tensors, prompts cycle over a batch of 6, and every slot passes."""
     import ml_dtypes
 
-    from qwen38gen import check as C
+    from qwen38gen.verify import check as C
     from qwen38gen.lanes import Lanes
     from qwen38gen.quantize import QuantizedTensor, dequantized_weights
 

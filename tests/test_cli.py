@@ -33,9 +33,9 @@ def test_help_and_version():
 def test_info_27b():
     rc, out, _ = run("info", "qwen3.8-27b")
     assert rc == 0
-    assert "26.896 B" in out          # text parameters (issue: 26.9 B)
-    assert "13.21 GB" in out          # int4 weights (PERF.md W)
-    assert "3.27 ms" in out and "4.63 ms" in out and "8.97 ms" in out  # PERF.md floors
+    assert "26.896 B" in out          # text parameters (docs/MODEL.md §1.1)
+    assert "13.21 GB" in out          # int4 weights (docs/PERFORMANCE.md W)
+    assert "3.27 ms" in out and "4.63 ms" in out and "8.97 ms" in out  # docs/PERFORMANCE.md floors
 
 
 @pytest.mark.parametrize("args,pattern", [
@@ -90,7 +90,7 @@ def test_bench_tables_keep_every_digit():
     from rich.console import Console
 
     from qwen38gen import report as R
-    from qwen38gen.bench import BenchRow
+    from qwen38gen.perf.bench import BenchRow
     from qwen38gen.config import PRESETS
 
     d = json.loads((Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json").read_text())

@@ -11,17 +11,17 @@ Q27 = PRESETS["qwen3.8-27b"]
 
 
 def test_27b_figures_match_model_and_perf():
-    # MODEL.md §1.1: 26.896 B text parameters, 0.425 B MTP; C = 10240, Cv = 6144.
+    # docs/MODEL.md §1.1: 26.896 B text parameters, 0.425 B MTP; C = 10240, Cv = 6144.
     assert round(Q27.text_params / 1e9, 3) == 26.896
     assert round(Q27.mtp_params / 1e9, 3) == 0.425
     assert (Q27.conv_dim, Q27.linear_value_dim, Q27.q_dim, Q27.kv_dim) == (10240, 6144, 6144, 1024)
     assert Q27.full_layers == tuple(range(3, 64, 4)) and len(Q27.linear_layers) == 48
-    # PERF.md: 25.622 B linear params, W = 13.21 GB, 64 KiB KV per token, 144 MiB state.
+    # docs/PERFORMANCE.md: 25.622 B linear params, W = 13.21 GB, 64 KiB KV per token, 144 MiB state.
     assert round(Q27.linear_params / 1e9, 3) == 25.622
     assert round(Q27.int4_weight_bytes() / 1e9, 2) == 13.21
     assert Q27.kv_bytes_per_token == 64 * 1024
     assert Q27.recurrent_state_bytes == 144 * 2**20
-    # PERF.md floor table at 4.149 TB/s, T = 1024.
+    # docs/PERFORMANCE.md floor table at 4.149 TB/s, T = 1024.
     for b, gb, ms in ((1, 13.59, 3.27), (16, 19.21, 4.63), (64, 37.21, 8.97)):
         assert round(Q27.floor_bytes(b, 1024) / 1e9, 2) == gb
         assert round(Q27.floor_seconds(b, 1024, 4.149e12) * 1e3, 2) == ms

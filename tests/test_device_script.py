@@ -1,4 +1,4 @@
-"""scripts/device.sh VERIFY=tests|rest|all (issue 33) with stubbed tools (tests/device_stubs:
+"""scripts/device.sh VERIFY=tests|rest|all with stubbed tools (tests/device_stubs:
 nvidia-smi, compute-sanitizer, python3 as PY, the CLI as Q) in a copy of the scripts: the log's
 first line names the commit of .gpu/COMMIT and its second whether the tree matched .gpu/FILES, the
 summary table has a row per step (PASS, or FAIL with what failed), and the exit code is 1 when a

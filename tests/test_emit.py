@@ -204,7 +204,7 @@ def test_readers_refuse_an_older_manifest():
 def test_prompt_chunk_rows_and_counts():
     """Prefill chunk c of prompts of 1, 5 and 20 tokens at pt 4: row b·pt + t holds token
     c·pt + t of prompt b (0 past its end), ntok counts the real rows."""
-    from qwen38gen.runtime import prompt_chunk
+    from qwen38gen.inputs import prompt_chunk
 
     prompts = [[7], [1, 2, 3, 4, 5], list(range(100, 120))]
     toks, ntok = prompt_chunk(prompts, 1, 4)

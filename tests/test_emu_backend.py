@@ -1,6 +1,6 @@
 """The engine on the emitted program's schedule executed in numpy (qwen38gen/emu/backend.py).
 
-* The lock (issue 32 item 5, on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
+* The lock (on CPU): N = 7 ≥ 2B + 1 requests (prompts of 1 to 3 chunks of 4,
   different max_tokens) through B slots of the emulated program give every request exactly the
   tokens it gets alone (B = 1), greedy and sampled, at B = 1, 2, 3.
 * Tokens are chosen by the program (the step's argmax, or its sample phase: kernels/sampling.cuh
@@ -17,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emu.backend import EmuBackend
-from qwen38gen.engine import Engine, NonFiniteLogits
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
-from qwen38gen.requests import Request, default_seed
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.engine import Engine, NonFiniteLogits
+from qwen38gen.serve.requests import Request, default_seed
+from qwen38gen.weights import default_tensors
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 

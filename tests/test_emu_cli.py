@@ -1,4 +1,4 @@
-"""`qwen38gen run --backend emu` (issue 32, Show): 5 requests of different lengths at --batch 2
+"""`qwen38gen run --backend emu`: 5 requests of different lengths at --batch 2
 give per request the same ids as at --batch 1, greedy and with temperature 0.8 and a seed; stderr
 says in one line that the schedule runs in numpy, not the CUDA kernels."""
 

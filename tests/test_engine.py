@@ -1,4 +1,4 @@
-"""The continuous-batching engine (qwen38gen/engine.py).
+"""The continuous-batching engine (qwen38gen/serve/engine.py).
 
 * Scheduling and stopping on a fake backend whose next token is a function of everything its slot
   was fed (a missed slot reset, a chunk fed twice or to the wrong slot changes the tokens): step
@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.backends import ReferenceBackend
 from qwen38gen.config import PRESETS
-from qwen38gen.engine import Engine
 from qwen38gen.errors import UserError
 from qwen38gen.reference import Reference
-from qwen38gen.requests import Request, default_seed
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.backends import ReferenceBackend
+from qwen38gen.serve.engine import Engine
+from qwen38gen.serve.requests import Request, default_seed
 from qwen38gen.weights import synthetic_weights
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from qwen38gen import golden as G
-from qwen38gen.check import validate_golden
 from qwen38gen.errors import UserError
+from qwen38gen.verify import golden as G
+from qwen38gen.verify.check import validate_golden
 
 PATH = G.golden_path()
 

@@ -134,7 +134,7 @@ def test_hf_saved_checkpoint_quantizes_generates_and_emulates(tmp_path, tied, mt
     assert err.max() <= TOL, err
 
 
-# ------------------------------------------------------------------ bad input (issue 30 item 7)
+# ------------------------------------------------------------------------------------ bad input
 def test_quantize_sigterm_leaves_no_temp_folder(tmp_path):
     """SIGTERM during quantize removes the temp folder, as Ctrl-C does."""
     import os

@@ -1,4 +1,4 @@
-"""qwen38gen/hf_e2e.py's harness on the CPU: a random HF checkpoint of a geometry that is no
+"""qwen38gen/verify/hf_e2e.py's harness on the CPU: a random HF checkpoint of a geometry that is no
 preset, quantized with `qwen38gen quantize`, served by `qwen38gen run --backend emu` (the emitted
 schedule in numpy, fp64: the GPU test runs the CUDA program) at B = 2 and 5, judged by HF fp32
 teacher-forced on the tokens. The flipped-token control must fail. A judge unit test covers the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen import hf_e2e as E
+from qwen38gen.verify import hf_e2e as E
 from qwen38gen.lanes import check_model
 
 from tests._blas_threads import single_threaded  # noqa: F401

@@ -17,19 +17,19 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 
-from qwen38gen import golden as G
-from qwen38gen.check import default_tensors
+from qwen38gen.verify import golden as G
+from qwen38gen.weights import default_tensors
 from qwen38gen.compare import nonfinite_where, worst
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.emu.backend import EmuBackend
 from qwen38gen.emu.schedule import Emu
-from qwen38gen.engine import Engine, NonFiniteLogits
+from qwen38gen.serve.engine import Engine, NonFiniteLogits
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
-from qwen38gen.requests import Request
-from qwen38gen.serve_lock import ctx_for, serve_lock
-from qwen38gen.spec_runtime import speculative_run, tmax_needed
+from qwen38gen.serve.requests import Request
+from qwen38gen.verify.serve_lock import ctx_for, serve_lock
+from qwen38gen.verify.spec_runtime import speculative_run, tmax_needed
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
-from qwen38gen.lanes import Lanes
 from qwen38gen.emu.schedule import Emu
+from qwen38gen.lanes import Lanes
+from qwen38gen.weights import default_tensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import one_step  # noqa: E402

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from qwen38gen import peers as P
 from qwen38gen.config import load_config
+from qwen38gen.perf import peers as P
 from qwen38gen.plan.entries import fused_weights
 
 
@@ -31,7 +31,7 @@ def test_shapes_are_the_fused_weights_in_step_order(model):
 def test_27b_step_is_the_perf_md_weights():
     cfg = load_config("qwen3.8-27b")
     params = sum(r * k for _, r, k in P.linear_shapes(cfg))
-    assert params == cfg.linear_params == 25_621_954_560     # PERF.md: 25.622 B, no padding
+    assert params == cfg.linear_params == 25_621_954_560     # docs/PERFORMANCE.md: 25.622 B, no padding
     assert abs(cfg.int4_weight_bytes() / 1e9 - 13.21) < 0.005
 
 
@@ -95,7 +95,7 @@ def test_bench_peers_cli_without_cuda(monkeypatch, tmp_path, capsys):
     import subprocess
 
     import cli
-    from qwen38gen import bench as Bm
+    from qwen38gen.perf import bench as Bm
 
     row = Bm.BenchRow(batch=1, lane="b1", step_ms=4.0, step_ms_spread=(3.9, 4.1), tok_s=250.0,
                       floor_ms=3.3, floor_bytes=13.6e9, gbs=3400.0, ratio=1.2,

@@ -1,4 +1,4 @@
-"""The timing model (qwen38gen/perfmodel.py): its bytes against the floor model, its fit on the
+"""The timing model (qwen38gen/perf/perfmodel.py): its bytes against the floor model, its fit on the
 committed measurements within the stated tolerance, sanity of its predictions, and `perf`'s
 one-line errors."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen38gen import perfmodel as pm
 from qwen38gen.config import INT4_GROUP, load_config
 from qwen38gen.emit import emit_program
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
+from qwen38gen.perf import perfmodel as pm
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "2026-12-04-h200-v20.json"

@@ -1,4 +1,4 @@
-"""qwen38gen/precision.py's harness on the CPU: the program's runs are faked by the numpy
+"""qwen38gen/verify/precision.py's harness on the CPU: the program's runs are faked by the numpy
 reference (fp32), HF transformers runs on the CPU. The reference equals HF fp32 to ~1e-5, so the
 "program" errors must be that small at every step and layer, while HF bf16's are those of bf16
 (far larger): this checks the wiring (HF's cache layout, the conv ring, per-layer keys, the
@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from qwen38gen import golden as G  # noqa: E402
-from qwen38gen import precision as P  # noqa: E402
+from qwen38gen.verify import golden as G  # noqa: E402
+from qwen38gen.verify import precision as P  # noqa: E402
 from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.quantize import dequantized_weights  # noqa: E402
 from qwen38gen.reference import Reference  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen38gen import golden as G
+from qwen38gen.verify import golden as G
 
 HERE = Path(__file__).resolve().parents[1] / "bench" / "precision"
 DEVICE = HERE / "2026-12-06-h100-precision.json"

@@ -14,15 +14,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS, PUBLISHED, _hybrid, load_config
 from qwen38gen.emit import emit_program
+from qwen38gen.emu.schedule import Emu
 from qwen38gen.errors import UserError
+from qwen38gen.inputs import prompt_chunk
 from qwen38gen.lanes import Lanes, check_model
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
-from qwen38gen.emu.schedule import Emu
-from qwen38gen.runtime import prompt_chunk
+from qwen38gen.verify.check import state_errors
+from qwen38gen.weights import default_tensors
 
 from tests._blas_threads import single_threaded  # noqa: F401
 

@@ -4,7 +4,7 @@
   single-sequence runs (the reference computes sequences one after the other with the same shapes),
   through prefill, decode steps, uneven chunks (some sequences idle) and MTP rows.
 * Chunked prefill equals whole-prompt prefill to rounding, and leaves the same state.
-* ``gdn_chunked`` (MODEL.md §5, WY/UT form) equals ``gdn_recurrent`` (§4.2, the definition).
+* ``gdn_chunked`` (docs/MODEL.md §5, WY/UT form) equals ``gdn_recurrent`` (§4.2, the definition).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_batch_equals_single_sequences(name, dtype, chunk):
         assert_same_sequence(cfg, st, b, ones[b])
 
     # MTP rows over every prompt position: row i = (token i+1, h_out(i), position i), the last row
-    # with the greedy next token (MODEL.md §8.2 step 1).
+    # with the greedy next token (docs/MODEL.md §8.2 step 1).
     nxt = [int(np.argmax(x[-1])) for x in lg]
     mt = [pr[1:] + [t] for pr, t in zip(prompts, nxt)]
     ml, mh = ref.mtp_forward(st, mt, hd, [0] * B)

@@ -206,7 +206,7 @@ def test_fp32_matches_fp64(name):
 # ------------------------------------------------------------------------------------------ MTP
 
 def _mtp_by_hand(cfg, w, tokens, hids, swap=False):
-    """MODEL.md §8.1 for rows at positions 0, 1, … of a fresh MTP cache, spelled out head by head.
+    """docs/MODEL.md §8.1 for rows at positions 0, 1, … of a fresh MTP cache, spelled out head by head.
 
     Uses only rms1p / rope / silu / sigmoid from the reference; ``swap`` feeds the fc the halves in
     the wrong order [hidden; embedding] (to show the test notices).

@@ -120,3 +120,39 @@ def test_big_seed_and_vocab():
 def test_bad_parameters(kw, msg):
     with pytest.raises(UserError, match=msg):
         S.SamplingParams(**kw)
+
+
+def test_parameter_columns_and_defaults_have_one_owner():
+    """sampling.py owns the kernel's parameter columns and the defaults; the program's buffers,
+    the emulator's unpacking, the run format's table and the CLI's help agree with it."""
+    import re
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from qwen38gen.plan.sampling import sample_buffers
+    from qwen38gen.serve.requests import DEFAULT_MAX_TOKENS, SAMPLING_FIELDS
+
+    bufs = sample_buffers(3)
+    assert bufs["samp_fpar"]["shape"] == [3, len(S.FPAR_COLUMNS)]
+    assert bufs["samp_upar"]["shape"] == [3, len(S.UPAR_COLUMNS)]
+    p = S.SamplingParams(temperature=0.75, top_k=7, top_p=0.5, min_p=0.25, seed=(5 << 32) | 9)
+    fpar, upar, _ = S.pack_params([p], [0])
+    assert S.unpack_params(fpar[0], upar[0]) == p
+    assert S.unpack_params(*(a[0] for a in S.pack_params([S.DEFAULTS], [0])[:2])) == S.DEFAULTS
+    root = Path(__file__).resolve().parents[1]
+    cuh = (root / "kernels" / "sampling.cuh").read_text()
+    assert re.search(r"fpar\s+fp32 \[R, 2\]\s+" + ", ".join(S.FPAR_COLUMNS), cuh)
+
+    doc = (root / "docs" / "RUN_FORMAT.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", doc, re.M))
+    num = lambda s: float(s.replace("−", "-"))  # noqa: E731
+    for f in SAMPLING_FIELDS:
+        assert num(table[f]) == getattr(S.DEFAULTS, f), f
+    assert num(table["max_tokens"]) == DEFAULT_MAX_TOKENS
+
+    import cli
+
+    help_text = CliRunner().invoke(cli.cli, ["run", "--help"], terminal_width=1000).output
+    assert f"[default: {DEFAULT_MAX_TOKENS}]" in help_text
+    assert "greedy) [default: 0]" in help_text and S.DEFAULTS.temperature == 0

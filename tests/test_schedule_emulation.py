@@ -8,16 +8,17 @@ the hand-off to decode. (It found the o-buffer stride bug that only shows with m
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors, state_errors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
+from qwen38gen.emu.schedule import Emu
+from qwen38gen.inputs import prompt_chunk
 from qwen38gen.lanes import Lanes
 from qwen38gen.plan.arch import arch_facts
-from qwen38gen.tuning import ROLES, Tuning
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
-from qwen38gen.emu.schedule import Emu
-from qwen38gen.runtime import prompt_chunk
+from qwen38gen.tuning import ROLES, Tuning
+from qwen38gen.verify.check import state_errors
+from qwen38gen.weights import default_tensors
 
 TOL = 1e-9  # both sides are fp64 on the same dequantized weights; only summation order differs
 

@@ -1,4 +1,4 @@
-"""`check --serve` (qwen38gen/serve_lock.py): the continuous-batching lock as a check mode. Here,
+"""`check --serve` (qwen38gen/verify/serve_lock.py): the continuous-batching lock as a check mode. Here,
 without a GPU, it runs on the emulated schedule and says so; it fails on a backend whose slot
 reset leaves the old request's recurrent state behind."""
 
@@ -8,11 +8,11 @@ import subprocess
 import sys
 from contextlib import nullcontext
 
-from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emu.backend import EmuBackend
 from qwen38gen.lanes import Lanes
-from qwen38gen.serve_lock import ctx_for, emu_backends, lock_requests, serve_lock
+from qwen38gen.verify.serve_lock import ctx_for, emu_backends, lock_requests, serve_lock
+from qwen38gen.weights import default_tensors
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 

@@ -1,4 +1,4 @@
-"""`check --mtp` (qwen38gen.check.check_spec) wired end to end on the CPU: the GPU Runtime is
+"""`check --mtp` (qwen38gen.verify.check.check_spec) wired end to end on the CPU: the GPU Runtime is
 replaced by the numpy schedule emulator (same executor interface), on the first golden prompts and
 steps. The emulator is fp64 and the golden streams come from the bf16 GPU program, so this uses
 prompts whose golden streams the reference reproduces exactly (checked first)."""
@@ -7,11 +7,12 @@ import dataclasses
 
 import numpy as np
 
-from qwen38gen import check as C
-from qwen38gen import golden as G
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
+from qwen38gen.verify import check as C
+from qwen38gen.verify import golden as G
+from qwen38gen.weights import default_tensors
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 from qwen38gen.emu.schedule import Emu
 
@@ -36,7 +37,7 @@ def test_check_spec_on_emulator(monkeypatch):
     from qwen38gen.quantize import int4_weights
     from qwen38gen.reference import Reference
 
-    ref = Reference(cfg, int4_weights(cfg, C.default_tensors(cfg)), dtype=np.float64)
+    ref = Reference(cfg, int4_weights(cfg, default_tensors(cfg)), dtype=np.float64)
     cand = g.sequences[:6]
     gen = ref.generate([s["prompt"] for s in cand], steps)
     seqs = [dict(s, tokens=s["tokens"][:steps], topk=s["topk"][:steps])
@@ -53,7 +54,7 @@ def test_check_spec_on_emulator(monkeypatch):
 
 
 def test_bench_mtp_implied_tokens():
-    from qwen38gen.bench_mtp import tokens_per_step
+    from qwen38gen.perf.bench_mtp import tokens_per_step
 
     assert tokens_per_step(0.0, 3) == 1.0 and tokens_per_step(1.0, 2) == 3.0
     assert abs(tokens_per_step(0.5, 1) - 1.5) < 1e-12

@@ -1,5 +1,5 @@
 """The mtp lane's schedules (prefill + MTP rows, verify + accept + MTP rows + drafts), executed in
-numpy by qwen38gen/emu/schedule.py and driven by the same loop as on the GPU (qwen38gen.spec_runtime),
+numpy by qwen38gen/emu/schedule.py and driven by the same loop as on the GPU (qwen38gen.verify.spec_runtime),
 give exactly the greedy token streams of the numpy reference (``Reference.generate``).
 
 Checked at K = 1 and 2 drafts, B = 3 prompts of 1, 5 and 20 tokens with pt = 16 (the 20-token
@@ -14,14 +14,14 @@ compared logit for logit with Reference.mtp_forward.
 import numpy as np
 import pytest
 
-from qwen38gen.check import default_tensors
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
-from qwen38gen.spec_runtime import speculative_run, tmax_needed
 from qwen38gen.speculative import speculative_generate
+from qwen38gen.verify.spec_runtime import speculative_run, tmax_needed
+from qwen38gen.weights import default_tensors
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
 from qwen38gen.emu.schedule import Emu
 

@@ -1,4 +1,4 @@
-"""Greedy MTP speculative decoding (qwen38gen.speculative, MODEL.md §8.2–8.3) against plain greedy.
+"""Greedy MTP speculative decoding (qwen38gen.speculative, docs/MODEL.md §8.2–8.3) against plain greedy.
 
 The lock is greedy equality: for every seed, batch and k the speculative output equals
 ``Reference.generate`` token for token. With random weights the MTP rarely guesses right, so three

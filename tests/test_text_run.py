@@ -1,4 +1,4 @@
-"""Text in and out through a model folder (issue 31, items 3 and 4): ``--model DIR`` on emit, run
+"""Text in and out through a model folder: ``--model DIR`` on emit, run
 and check; ``run --model DIR --prompt TEXT [--chat]`` on the reference backend; generation that
 stops at the end-of-sequence ids, in ``Reference.generate`` and in ``generate``.
 
@@ -242,7 +242,7 @@ def test_generate_stops_early_at_eos(model, tmp_path):
 
 def test_user_error_type_is_the_one_raised():
     """prompt_requests refuses text without a tokenizer before it reads anything."""
-    from qwen38gen.requests import prompt_requests
+    from qwen38gen.serve.requests import prompt_requests
 
     with pytest.raises(UserError, match=r"^--prompt is text, and this model has no "
                                         r"tokenizer\.json"):
@@ -252,8 +252,8 @@ def test_user_error_type_is_the_one_raised():
 def test_check_model_resolves_to_the_preset_with_golden_runs(tmp_path):
     """check --model of a config.json (or its folder) of tiny's geometry is the tiny preset; the
     golden folder decides which models have golden runs."""
-    from qwen38gen.check import check_model
-    from qwen38gen.golden import golden_path
+    from qwen38gen.verify.check import check_model
+    from qwen38gen.verify.golden import golden_path
 
     d = tmp_path / "t"
     d.mkdir()

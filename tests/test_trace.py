@@ -6,10 +6,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qwen38gen import trace as T
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
+from qwen38gen.perf import trace as T
 
 
 def test_trace_variant_wraps_every_entry_and_nothing_else_changes():
@@ -105,7 +105,7 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
     import subprocess
 
     import cli
-    from qwen38gen import bench as Bm
+    from qwen38gen.perf import bench as Bm
 
     tr = T.timeline(_recs(ROWS), _manifest(), _Cfg()).to_json()
     tr["variant_ms"] = 0.012
@@ -138,7 +138,7 @@ def test_kinds_come_from_the_kernel_family(arch):
     """bench's and trace's split of a step by kind reads each kernel's family from the manifest:
     the GEMVs (every launch with a weight role: gemv_q4, gemm_q4, wgmma_q4, wgmma_sk_q4), the
     delta rule (gdn), attention (attn_prep, attn_tc), and the rest."""
-    from qwen38gen.timing import kind_of
+    from qwen38gen.perf.timing import kind_of
 
     man = emit_program(PRESETS["tiny"], Lanes.make(64, mtp=1, arch=arch)).manifest
     fams = {}

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import ProgramSlots
 from ..compare import nonfinite_where
 from ..config import ModelConfig
-from ..engine import NonFiniteLogits
+from ..serve.backends import ProgramSlots
+from ..serve.engine import NonFiniteLogits
 from ..errors import UserError
-from ..runtime import prompt_chunk
+from ..inputs import prompt_chunk
 from ..sampling import SamplingParams
 from .schedule import Emu
 

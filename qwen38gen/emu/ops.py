@@ -1,4 +1,4 @@
-"""Pure-numpy references of single kernel ops, written from MODEL.md: the schedule emulator
+"""Pure-numpy references of single kernel ops, written from docs/MODEL.md: the schedule emulator
 (emu/schedule.py) runs each launch with them, and the GPU kernel tests compare each kernel with
 them (tests/gpu/ref_ops.py re-exports this module).
 
@@ -26,13 +26,13 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def rms1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """Zero-centred RMSNorm over the last axis (MODEL.md §3): x / sqrt(mean(x²) + ε) ⊙ (1 + w)."""
+    """Zero-centred RMSNorm over the last axis (docs/MODEL.md §3): x / sqrt(mean(x²) + ε) ⊙ (1 + w)."""
     x = f64(x)
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + f64(w))
 
 
 def rope_angles(pos: np.ndarray, rd: int, theta: float, angle_dtype=np.float64) -> np.ndarray:
-    """φ[t, i] = pos[t] · ω_i, ω_i = θ^(−2i/rd), i < rd/2 (MODEL.md §4.1 step 4).
+    """φ[t, i] = pos[t] · ω_i, ω_i = θ^(−2i/rd), i < rd/2 (docs/MODEL.md §4.1 step 4).
 
     angle_dtype=np.float32 forms ω and the product in fp32 the way HF does (§7: "RoPE cos/sin
     computed in fp32"): ω_i = fp32(1 / θ^(2i/rd)), φ = fp32(fp32(p) · ω_i). Returns fp64.
@@ -62,7 +62,7 @@ def rope_neox(x: np.ndarray, pos: np.ndarray, rd: int, theta: float,
 
 
 def attn_split_qkv(qkv: np.ndarray, H: int, HKV: int, D: int):
-    """Split the fused q|k|v projection rows [R, ≥ 2HD + 2·HKV·D] (MODEL.md §4.1 steps 1–2).
+    """Split the fused q|k|v projection rows [R, ≥ 2HD + 2·HKV·D] (docs/MODEL.md §4.1 steps 1–2).
 
     q_proj's output is per head [query D | gate D]. Returns q, gate [R, H, D], k, v [R, HKV, D].
     """
@@ -105,7 +105,7 @@ def gated_attention_row(q: np.ndarray, gate: np.ndarray, K: np.ndarray, V: np.nd
 
 
 def swiglu(gu: np.ndarray, F: int) -> np.ndarray:
-    """h = silu(g) ⊙ u with gate g = gu[:, :F], up u = gu[:, F:2F] (MODEL.md §3 MLP)."""
+    """h = silu(g) ⊙ u with gate g = gu[:, :F], up u = gu[:, F:2F] (docs/MODEL.md §3 MLP)."""
     gu = f64(gu)
     return silu(gu[:, :F]) * gu[:, F:2 * F]
 
@@ -138,14 +138,14 @@ def bf16_round(x) -> np.ndarray:
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
-    """softplus(x) = log(1 + eˣ), and x itself for x > 20 (PyTorch's threshold, MODEL.md)."""
+    """softplus(x) = log(1 + eˣ), and x itself for x > 20 (PyTorch's threshold, docs/MODEL.md)."""
     x = f64(x)
     with np.errstate(over="ignore"):
         return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
 def l2n(x: np.ndarray) -> np.ndarray:
-    """l2n(x) = x / sqrt(Σ x² + 1e-6) over the last axis (MODEL.md §3)."""
+    """l2n(x) = x / sqrt(Σ x² + 1e-6) over the last axis (docs/MODEL.md §3)."""
     x = f64(x)
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
 
@@ -153,7 +153,7 @@ def l2n(x: np.ndarray) -> np.ndarray:
 def gdn_chunk(mz, ba, ba_off: int, conv_w, A_log, dt_bias, norm_w, eps: float, ring, state,
               pos, ntok, *, hk: int, hv: int, dk: int, dv: int, pt: int,
               hf_rounding: bool = False, per_token: bool = False):
-    """One GDN layer core over a chunk of PT rows per sequence (MODEL.md §4.2 steps 2–7, §5).
+    """One GDN layer core over a chunk of PT rows per sequence (docs/MODEL.md §4.2 steps 2–7, §5).
 
     mz [B·PT, ≥ C+Cv]: m = columns [0, C) (Q all k-heads | K | V all v-heads), z = [C, C+Cv);
     ba [B·PT, ≥ ba_off+HV]: b = columns [0, HV), a = [ba_off, ba_off+HV); conv_w [C, K];
@@ -162,7 +162,7 @@ def gdn_chunk(mz, ba, ba_off: int, conv_w, A_log, dt_bias, norm_w, eps: float, r
     Cv = HV·DV. Rows t ≥ ntok[b] are padding: never read; their output is 0.
     A position < 0 contributes 0 to the conv window (a fresh sequence), whatever the ring holds.
 
-    hf_rounding=False: fp64 throughout. True: also round to bf16 where MODEL.md §7 says HF does
+    hf_rounding=False: fp64 throughout. True: also round to bf16 where docs/MODEL.md §7 says HF does
     (conv output, SiLU output, delta-rule output, the normalised o, the final product).
     Returns out [B·PT, Cv], the new ring [B, K−1, C], the new state [B, HV, DK, DV] (fp64).
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..inputs import fused_arrays, pack_weights
 from ..manifest import check_format
 from ..plan.attention import attn_part_floats, attn_stride
+from ..plan.families import family
 from ..plan.program import resolve_shape
-from ..runtime import fused_arrays, pack_weights
-from ..sampling import TOP_P_BITS, SamplingParams, sample
+from ..sampling import FPAR_COLUMNS, UPAR_COLUMNS, sample, unpack_params
 from ..weights import dequantize, xtile_index
 from . import ops as R
 
@@ -39,7 +40,7 @@ class Emu:
             self.buf[n] = np.zeros(int(np.prod(shape)), dt)
         self.B = man["lanes"]["batch"]
 
-    # -- the executor interface of qwen38gen.spec_runtime (as qwen38gen.runtime.Runtime's)
+    # -- the executor interface of qwen38gen.verify.spec_runtime (as qwen38gen.runtime.Runtime's)
     def _shape(self, name):
         return resolve_shape(self.man["buffers"][name]["shape"], self.tmax)
 
@@ -72,9 +73,9 @@ class Emu:
     def run(self, phase: str):
         for L in self.man["schedule"][phase]:
             k = self.kernel(L)
-            getattr(self, "k_" + FAMILY_METHOD.get(k["family"], k["family"]))(L, k.get("pt", 1))
+            getattr(self, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 
-    # -- one method per kernel family (FAMILY_METHOD: the families one method serves)
+    # -- the kernel families' methods (plan/families.py's emu column: one may serve several)
     def k_embed(self, L, pt):
         E = self.T[L["args"][0][1]]
         R_ = L["grid"][0]
@@ -234,10 +235,11 @@ class Emu:
 
     def k_sample(self, L, pt):
         """kernels/sampling.cuh, by its numpy twin (sampling.sample) on the parameters unpacked
-        from the kernel's arguments (the inverse of sampling.pack_params)."""
+        from the kernel's arguments (sampling.unpack_params, the inverse of pack_params)."""
         a, R_ = L["args"], L["grid"][0]
         lg = self.view(a[0], (R_, self.cfg.vocab_size))
-        fpar, upar = self.view(a[1], (R_, 2)), self.view(a[2], (R_, 4))
+        fpar = self.view(a[1], (R_, len(FPAR_COLUMNS)))
+        upar = self.view(a[2], (R_, len(UPAR_COLUMNS)))
         ctr, tok = self.view(a[3], (R_,)), self.view(a[4], (R_,))
         for r in range(R_):
             tok[r] = sample(lg[r], unpack_params(fpar[r], upar[r]), int(ctr[r]))
@@ -272,18 +274,3 @@ class Emu:
             self.view(a[0], (B, stride))[:, j] = self.view(a[1], (B,))
         else:
             raise ValueError(L["k"])
-
-
-def unpack_params(fpar, upar) -> SamplingParams:
-    """One row of sampling.pack_params's arrays back to its parameters (what the kernel reads)."""
-    u = [int(v) & 0xFFFFFFFF for v in upar]
-    top_k = u[0] - (1 << 32) if u[0] >> 31 else u[0]
-    return SamplingParams(temperature=float(np.float32(fpar[0])), min_p=float(np.float32(fpar[1])),
-                          top_k=top_k, top_p=u[1] / (1 << TOP_P_BITS), seed=u[2] | (u[3] << 32))
-
-
-# Families one method serves (the others by their own name).
-FAMILY_METHOD = {"gemv_q4": "gemv", "gemm_q4": "gemv", "wgmma_q4": "gemv", "wgmma_sk_q4": "gemv",
-                 "rmsnorm_ld": "rmsnormld", "attn_prep": "attn", "attn_tc": "attn",
-                 "gather_last": "gather", "spec_accept": "spec", "spec_tokens": "spec",
-                 "spec_pos": "spec", "spec_put": "spec"}

@@ -3,8 +3,9 @@ launch over the B rows of logits after a decode step or a prefill chunk, writing
 token each slot chooses) by the rule of qwen38gen/sampling.py, the numpy twin that defines it.
 
 Its per-slot parameters live in buffers the host fills when a slot takes a request
-(``sampling.pack_params``'s layout): samp_fpar [B, 2] (temperature, min_p), samp_upar [B, 4]
-(top_k, top_p in 2^-24, seed low and high words; uint32 bit patterns in an int32 buffer). The
+(``sampling.FPAR_COLUMNS`` and ``UPAR_COLUMNS``, packed by ``sampling.pack_params``): samp_fpar
+[B, 2] (temperature, min_p), samp_upar [B, 4] (top_k, top_p in 2^-24, seed low and high words;
+uint32 bit patterns in an int32 buffer). The
 Philox counter of a row is the position of the token being chosen, which is the slot's ``pos``
 after the step's advance. The phase runs only when some slot samples; greedy steps keep the
 step's own argmax.
@@ -12,6 +13,7 @@ step's own argmax.
 
 from __future__ import annotations
 
+from ..sampling import FPAR_COLUMNS, UPAR_COLUMNS
 from .entries import BF, I32, Entry, buf
 
 HEADER = "sampling.cuh"
@@ -25,8 +27,8 @@ def sample_entry(v: int) -> Entry:
 
 
 def sample_buffers(batch: int) -> dict:
-    return {"samp_fpar": {"dtype": "float32", "shape": [batch, 2]},
-            "samp_upar": {"dtype": "int32", "shape": [batch, 4]}}
+    return {"samp_fpar": {"dtype": "float32", "shape": [batch, len(FPAR_COLUMNS)]},
+            "samp_upar": {"dtype": "int32", "shape": [batch, len(UPAR_COLUMNS)]}}
 
 
 def sample_phase(plan, batch: int, vocab: int) -> list[dict]:

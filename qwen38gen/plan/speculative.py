@@ -1,4 +1,4 @@
-"""The mtp lane (MODEL.md §8): the bookkeeping kernels of kernels/speculative.cuh and the MTP
+"""The mtp lane (docs/MODEL.md §8): the bookkeeping kernels of kernels/speculative.cuh and the MTP
 passes of its prefill and verify schedules (a ScheduleBuilder with the MTP layer's steps).
 """
 

@@ -1,5 +1,5 @@
 """attn_prep (kernels/attention.cuh) and attn_tc (kernels/attention_tc.cuh) on the GPU against
-numpy references from MODEL.md, attn_tc with the program's schedule (plan.attention, Tuning's attn_*).
+numpy references from docs/MODEL.md, attn_tc with the program's schedule (plan.attention, Tuning's attn_*).
 
 Every case draws fresh inputs: qkv rows with a per-row scale, random (1 + w) norm weights, and a
 KV cache whose valid slots (< pos[b]) hold random K/V while every other slot holds garbage (NaN,
@@ -43,7 +43,7 @@ GEOMS = {"tiny": (6, 2), "27b": (24, 4)}
 # Tolerances, relative L2 error per row (the worst row is asserted):
 # q buffer and written K: two bf16 roundings per element (the normed value, as HF stores it, then
 # the rotated one), each ≤ 2^-8 relative; the reference forms the RoPE angle in fp32 as HF does
-# (MODEL.md §7) and the kernel's cos/sin on the reduced angle are within 2^-21.4.
+# (docs/MODEL.md §7) and the kernel's cos/sin on the reduced angle are within 2^-21.4.
 TOL_QK = 1e-2
 # attn_tc against a reference fed the kernel's own bf16 q and cache: fp32 scores, softmax and
 # sums, then one bf16 rounding of the output; each softmax weight is rounded to bf16 before P·V

@@ -1,4 +1,4 @@
-"""The engine's lock on the GPU (the verification issue runs it): N > B requests through B
+"""The engine's lock on the GPU: N > B requests through B
 slots of the emitted tiny program (RuntimeBackend: slot resets, prefill chunks with idle slots,
 decode steps with idle slots) give every request the tokens it gets alone, greedy and sampled,
 at B = 2 and 3 (N = 7 ≥ 2B + 1), with the KV cache NaN-filled before the batched run (slot
@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen38gen.backends import RuntimeBackend
-from qwen38gen.check import build, default_tensors
+from qwen38gen.build import build
 from qwen38gen.config import PRESETS
-from qwen38gen.engine import Engine
 from qwen38gen.lanes import Lanes
-from qwen38gen.requests import Request
 from qwen38gen.runtime import Runtime
 from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.backends import RuntimeBackend
+from qwen38gen.serve.engine import Engine
+from qwen38gen.serve.requests import Request
+from qwen38gen.weights import default_tensors
 
 PT = 8
 LENGTHS = (1, 9, 3, 17, 8, 20, 2)

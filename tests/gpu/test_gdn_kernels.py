@@ -1,4 +1,4 @@
-"""kernels/gdn.cuh against ref_ops.gdn_chunk (fp64, MODEL.md §4.2 / §5), decode and prefill chunks.
+"""kernels/gdn.cuh against ref_ops.gdn_chunk (fp64, docs/MODEL.md §4.2 / §5), decode and prefill chunks.
 
 Every case draws fresh inputs (seeded per case): random conv ring and recurrent state, random
 positions (so ring slots wrap, and 0/1/2 so the window reaches before the sequence start),

@@ -1,4 +1,4 @@
-"""The CUDA program against HF transformers end to end (qwen38gen/hf_e2e.py): a random HF
+"""The CUDA program against HF transformers end to end (qwen38gen/verify/hf_e2e.py): a random HF
 checkpoint of a geometry that is no preset, `qwen38gen quantize`, `qwen38gen run --backend gpu`
 at B = 2 and 5, HF fp32 on the dequantized weights teacher-forced on the tokens. Every token is
 HF's argmax or within the stated near-tie margin, tokens are identical across the batch sizes,
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen38gen import hf_e2e as E
+from qwen38gen.verify import hf_e2e as E
 
 
 def test_program_against_hf_end_to_end(tmp_path):

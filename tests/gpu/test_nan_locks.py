@@ -11,16 +11,17 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from qwen38gen import golden as G
-from qwen38gen.backends import RuntimeBackend
-from qwen38gen.check import build, default_tensors
+from qwen38gen.verify import golden as G
+from qwen38gen.serve.backends import RuntimeBackend
+from qwen38gen.build import build
+from qwen38gen.weights import default_tensors
 from qwen38gen.config import PRESETS
-from qwen38gen.engine import Engine, NonFiniteLogits
+from qwen38gen.serve.engine import Engine, NonFiniteLogits
 from qwen38gen.lanes import Lanes
-from qwen38gen.requests import Request
+from qwen38gen.serve.requests import Request
 from qwen38gen.runtime import Runtime
-from qwen38gen.serve_lock import serve_lock
-from qwen38gen.spec_runtime import speculative_run, tmax_needed
+from qwen38gen.verify.serve_lock import serve_lock
+from qwen38gen.verify.spec_runtime import speculative_run, tmax_needed
 
 CFG = PRESETS["tiny"]
 BAD = [float("nan"), float("inf"), float("-inf")]

@@ -1,4 +1,4 @@
-"""kernels/rmsnorm.cuh against ref_ops.rms1p (fp64, MODEL.md §3), tiny and 27B widths.
+"""kernels/rmsnorm.cuh against ref_ops.rms1p (fp64, docs/MODEL.md §3), tiny and 27B widths.
 
 Fresh inputs per case (seeded per case): rows of very different scales, a non-trivial zero-centred
 weight, NaN-poisoned output; also run in place (y aliasing x).

@@ -1,4 +1,4 @@
-"""`check --serve` on the GPU (the verification issue runs it): the serve lock's requests through
+"""`check --serve` on the GPU: the serve lock's requests through
 B slots of the emitted tiny program on the PyCUDA runtime, each against itself run alone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from qwen38gen.config import PRESETS
 from qwen38gen.lanes import Lanes
-from qwen38gen.serve_lock import gpu_backends, serve_lock
+from qwen38gen.verify.serve_lock import gpu_backends, serve_lock
 
 
 @pytest.mark.parametrize("B", [2, 3, 16])

@@ -3,11 +3,12 @@ computes, bit for bit, and one replay records every block of every launch in sch
 
 import pytest
 
-from qwen38gen import trace as T
-from qwen38gen.check import build, default_tensors
+from qwen38gen.build import build
 from qwen38gen.config import PRESETS
 from qwen38gen.lanes import Lanes
+from qwen38gen.perf import trace as T
 from qwen38gen.runtime import Runtime
+from qwen38gen.weights import default_tensors
 
 
 @pytest.mark.parametrize("batch", [1, 3, 16])

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DECODER, LM_HEAD, MTP, ModelConfig, PRESETS
-from .presets import hybrid
+from ..config import DECODER, LM_HEAD, MTP, PRESETS, ModelConfig
+from ..presets import hybrid
 
 GEOMETRY = dict(hidden_size=768, num_hidden_layers=12, layer_types=hybrid(12),
                 intermediate_size=2048, vocab_size=1536, num_attention_heads=4,
@@ -181,7 +181,7 @@ def run_e2e(work: Path, backend: str = "gpu", batches=BATCHES, device: str = "cu
     """Build, quantize, run and judge in ``work``; returns (report, negative control's report)
     (the control is the same runs judged with one token flipped: ``flip``, default request r2
     step 3)."""
-    from .quantize import dequantized_weights
+    from ..quantize import dequantized_weights
 
     cfg = e2e_config()
     work = Path(work)

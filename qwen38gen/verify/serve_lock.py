@@ -1,4 +1,4 @@
-"""`check --serve`: the continuous-batching lock (issue 32 item 5) on a backend of B slots.
+"""`check --serve`: the continuous-batching lock on a backend of B slots.
 
 N = 2B + 1 requests (prompts of 1 to 3 prefill chunks, different max_tokens, greedy and sampled
 alternating) run each alone (the only request: slot 0, the other slots idle), then all together
@@ -17,11 +17,12 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from .check import Outcome, default_tensors
-from .config import ModelConfig
-from .engine import Engine, NonFiniteLogits, Result, Stats
-from .requests import Request, default_seed
-from .sampling import SamplingParams
+from ..config import ModelConfig
+from ..sampling import SamplingParams
+from ..serve.engine import Engine, NonFiniteLogits, Result, Stats
+from ..serve.requests import Request, default_seed
+from ..weights import default_tensors
+from .check import Outcome
 
 SEED = 2024
 
@@ -85,7 +86,7 @@ def ctx_for(slots: int, chunk: int, vocab: int) -> int:
 
 def emu_backends(cfg: ModelConfig, lanes):
     """backend_of for the emulated schedule (CPU)."""
-    from .emu.backend import EmuBackend
+    from ..emu.backend import EmuBackend
 
     tensors = default_tensors(cfg)
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)
@@ -94,7 +95,7 @@ def emu_backends(cfg: ModelConfig, lanes):
 
 def gpu_backends(cfg: ModelConfig, lanes):
     """backend_of for the emitted programs on the GPU (built and gated, cached)."""
-    from .serve import gpu_backend
+    from ..serve.run import gpu_backend
 
     tensors = default_tensors(cfg)
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compare import worst
+from ..config import DECODER, LM_HEAD, MTP, ModelConfig
+from ..lanes import Lanes
+from ..quantize import dequantized_weights
+from ..reference import conv_to_ring
 from .check import quantized_synthetic, reference_prompts, run_batches
-from .compare import worst
-from .config import DECODER, LM_HEAD, MTP, ModelConfig
-from .lanes import Lanes
-from .quantize import dequantized_weights
-from .reference import conv_to_ring
 
 STEPS = 16
 
@@ -41,9 +41,9 @@ def _rel(a, b) -> float:
 def _one_tensor(args):
     """(cfg, seed, name, shape) -> (name, array or QuantizedTensor, its float32 dequantization
     or None): ``check.quantized_synthetic``'s tensor, in a worker process."""
-    from .config import EMBED
-    from .quantize import QuantizedTensor
-    from .weights import quantize_pack, synthetic_tensor
+    from ..config import EMBED
+    from ..quantize import QuantizedTensor
+    from ..weights import quantize_pack, synthetic_tensor
 
     cfg, seed, n, shape = args
     tied = cfg.tie_word_embeddings and n == LM_HEAD

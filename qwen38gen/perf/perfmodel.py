@@ -1,6 +1,7 @@
 """A timing model of the decode step: what each launch must move and compute, calibrated on the
 committed measurements, predicting the step for today's program and for a persistent streaming
-step (issue 34). Every figure it prints is a model prediction, not a measurement.
+step (docs/TIMING_MODEL.md: "item 1", a new GEMV contract, and "item 2", that persistent step).
+Every figure it prints is a model prediction, not a measurement.
 
 Per launch l of the manifest's decode schedule (typed fields only: the kernel's "family", a GEMV's
 "weight" and "btg"):
@@ -33,7 +34,7 @@ calibration batches are used; the others are held out and reported on their own.
 
 The persistent step (item 2): one block per SM, a loader streaming every byte that does not
 depend on the step's results into a shared-memory ring, consumers waiting on counters. Its
-three bounds (issue 34's form):
+three bounds:
 
     stream   Σ s_l,  s_l = b_l / R (weights, KV: read) or b_l / R_copy (GDN state: r + w)
     chain    Σ (h + λ_l), every op waiting on the one before: λ = f / P_c for a GEMV,
@@ -65,10 +66,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import INT4_GROUP, ModelConfig, load_config
-from .errors import UserError
-from .lanes import Lanes
-from .plan.entries import cdiv
+from ..config import INT4_GROUP, ModelConfig, load_config
+from ..errors import UserError
+from ..lanes import Lanes
+from ..plan.entries import cdiv
+from ..plan.families import FAMILIES, KINDS
 from .timing import kind_of
 
 # ---------------------------------------------------------------- measured anchors (H200)
@@ -83,13 +85,13 @@ PLAIN_TFLOPS = 945.0            # a plain m64n64k16 wgmma chain (v16: 940-950)
 # assumptions of the persistent design (stated, not measured)
 COUNTER_US = 1.0                # a release store and an acquire poll through L2
 RING_BYTES = 160 * 1024         # shared-memory ring of one SM's loader
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[1] / "bench" / "2026-12-04-h200-v20.json"
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "bench" / "2026-12-04-h200-v20.json"
 CALIBRATION_BATCHES = (1, 16, 32, 64)
 DESIGNS = ("today", "persistent", "both")
-GEMV_FAMILIES = {"gemv_q4": "gemv_q4", "gemm_q4": "gemv_q4",
-                 "wgmma_q4": "wgmma", "wgmma_sk_q4": "wgmma"}
+# The GEMV families and the timing model's class of each (plan/families.py's gemv column).
+GEMV_FAMILIES = {n: f.gemv for n, f in FAMILIES.items() if f.gemv}
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
-MEASURED_KINDS = ("gemv", "delta rule", "attention", "rest")
+MEASURED_KINDS = KINDS
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def hbm_parts(costs: list[LaunchCost]) -> dict[str, float]:
 
 def program_costs(cfg: ModelConfig, batch: int, ctx: int) -> list[LaunchCost]:
     """Emit today's default decode program at `batch` (as bench does) and cost its launches."""
-    from .emit import emit_program
+    from ..emit import emit_program
 
     return launch_costs(cfg, emit_program(cfg, Lanes.make(batch, pt=1)).manifest, ctx)
 
@@ -386,7 +388,7 @@ def _persistent_both(costs: list[LaunchCost], p: Params) -> dict:
 
 def parse_batches(text: str) -> list[int]:
     """`--batch 1,16,64` as a list of supported batch sizes, or a UserError naming the bad one."""
-    from .lanes import SUPPORTED
+    from ..lanes import SUPPORTED
 
     lo, hi = SUPPORTED["batch"][0], SUPPORTED["batch"][-1]
     try:

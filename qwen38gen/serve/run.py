@@ -10,28 +10,13 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import ModelConfig
+from ..config import ModelConfig
+from ..errors import UserError
 from .engine import Result, Stats, check_request
-from .errors import UserError
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
 VERSION = 2
-
-
-def load_tokenizer(model: str, weights_dir: Path | None):
-    """The model folder's tokenizer, or None (a preset, no tokenizer files, or no tokenizer
-    module in this build)."""
-    try:
-        from .tokenizer import load_tokenizer as load
-    except ImportError:
-        return None
-    for d in (weights_dir, Path(model)):
-        if d is not None and Path(d).is_dir():
-            tok = load(Path(d))
-            if tok is not None:
-                return tok
-    return None
 
 
 def eos_ids(cfg: ModelConfig, tokenizer) -> tuple[int, ...]:
@@ -62,8 +47,8 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
 
 def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int) -> dict:
     """The weights the backend starts from: a checkpoint folder, or seeded synthetic."""
-    from .check import default_tensors
-    from .quantize import QUANT_JSON, load_any, load_quantized
+    from ..quantize import QUANT_JSON, load_any, load_quantized
+    from ..weights import default_tensors
 
     if weights_dir is None:
         return default_tensors(cfg, seed)
@@ -79,8 +64,8 @@ def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, c
     import numpy as np
 
     from .backends import ReferenceBackend
-    from .quantize import QuantizedTensor, dequantized_weights, int4_weights
-    from .reference import Reference
+    from ..quantize import QuantizedTensor, dequantized_weights, int4_weights
+    from ..reference import Reference
 
     if any(isinstance(v, QuantizedTensor) for v in tensors.values()):
         w = dequantized_weights(tensors)
@@ -92,11 +77,11 @@ def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, c
 @contextmanager
 def gpu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
     """The emitted program (built and gated, cached) on the GPU; closed on exit."""
+    from ..build import build
     from .backends import RuntimeBackend
-    from .check import build
-    from .runtime import Runtime, _drv
+    from ..runtime import Runtime, cuda_driver
 
-    _drv()   # no GPU: say so before the build
+    cuda_driver()   # no GPU: say so before the build
     cubin, manifest = build(cfg, lanes)
     with Runtime(cubin, manifest, cfg, tensors, ctx) as rt:
         yield RuntimeBackend(rt)

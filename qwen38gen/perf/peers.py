@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import statistics
 
-from .config import ModelConfig
-from .plan.entries import fused_weights
+from ..config import ModelConfig
+from ..plan.entries import fused_weights
 
 GROUP = 128
 INNER_K_TILES = 8        # 16-byte loads, gpt-fast's default; our k (5120, 6144, 17408) % 128 == 0

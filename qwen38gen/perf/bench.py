@@ -1,5 +1,5 @@
 """`qwen38gen bench`: time the decode step as a CUDA graph replay, next to the floor and the copy
-bandwidth measured in the same run (PERF.md).
+bandwidth measured in the same run (docs/PERFORMANCE.md).
 
 Per batch size B: emit and build the program, make the int4 weights on the GPU (DeviceFill), fill
 the state and KV cache to `ctx` tokens, replay the decode graph (warm-up, then the median of
@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .check import build
-from .config import ModelConfig
-from .lanes import Lanes
-from .runtime import DeviceFill, Runtime, _drv
+from ..build import build
+from ..config import ModelConfig
+from ..lanes import Lanes
+from ..runtime import DeviceFill, Runtime, cuda_driver
+from ..tuning import Tuning
 from .timing import KINDS, kind_of, time_graph
-from .tuning import Tuning
 
 __all__ = ["BenchRow", "bench", "fill_state", "kind_of", "time_graph", "to_json", "plot"]
 
@@ -126,7 +126,7 @@ def time_kinds_in_graph(rt: Runtime, ctx: int, reps: int = 10) -> dict[str, floa
     timed one by one, this keeps the back-to-back overlap (PDL) of the real step."""
     drv, sched = rt.drv, rt.manifest["schedule"]["decode"]
     out = {}
-    for kind in [k for k, _ in KINDS] + ["rest"]:
+    for kind in KINDS:
         subset = [L for L, s in zip(rt.launches["decode"], sched)
                   if kind_of(rt.manifest, s) == kind]
         if not subset:
@@ -163,7 +163,7 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
           progress=None, trace: bool = False,
           tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
-    drv = _drv()
+    drv = cuda_driver()
     ctx0 = drv.Device(0).make_context()
     try:
         bw = copy_bandwidth(drv)

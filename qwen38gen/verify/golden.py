@@ -17,19 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .compare import nonfinite_where, worst
-from .config import PRESETS, ModelConfig
-from .errors import UserError
-from .lanes import DEFAULT_PT, Lanes, lane_name
-from .resources import golden_dir
+from .. import __version__
+from ..compare import nonfinite_where, worst
+from ..config import PRESETS, ModelConfig
+from ..errors import UserError
+from ..lanes import DEFAULT_PT, Lanes, lane_name
+from ..resources import golden_dir
+from ..weights import DEFAULT_SEED
 
 FORMAT = "qwen38gen-golden"
 VERSION = 1
 REGENERATE = "qwen38gen golden --update   (on a machine with a GPU)"
 
 MODEL = "tiny"
-SEED = 0             # synthetic weights
+SEED = DEFAULT_SEED   # synthetic weights
 PROMPT_SEED = 1234
 PROMPT_LENGTHS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 47, 64, 65, 70)
 STEPS = 64

@@ -3,8 +3,8 @@ through the PyCUDA runtime.
 
 ``ReferenceBackend`` is exact per slot (the reference computes each sequence alone), so it is the
 CPU lock of the engine's scheduling. ``RuntimeBackend`` drives a ``runtime.Runtime``; it is
-written from the runtime's code and has not run on a GPU yet (the GPU verification issue runs
-it): prefill chunks and decode steps are the program's own phases with per-slot ``ntok`` (0 =
+written from the runtime's code and has not run on a GPU yet (tests/gpu/test_engine.py
+runs it there): prefill chunks and decode steps are the program's own phases with per-slot ``ntok`` (0 =
 the slot idles: no state is written and its position does not move), and a slot's reset zeroes
 its recurrent state, conv ring and position (``Runtime.reset_slot``). It chooses tokens on the
 device (``samples``): ``next`` [B] as the step's argmax wrote it, or as the program's sample phase
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import UserError
-from .reference import Reference
-from .runtime import prompt_chunk
-from .sampling import SamplingParams, pack_params
+from ..errors import UserError
+from ..inputs import prompt_chunk
+from ..reference import Reference
+from ..sampling import SamplingParams, pack_params
 
 
 class ReferenceBackend:

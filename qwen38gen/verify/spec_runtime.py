@@ -1,4 +1,4 @@
-"""Greedy speculative decoding on an emitted mtp-lane program (MODEL.md §8.2–8.3), written against
+"""Greedy speculative decoding on an emitted mtp-lane program (docs/MODEL.md §8.2–8.3), written against
 a small executor interface so that the same loop runs on the GPU (``runtime.Runtime``: each
 schedule one CUDA graph) and on the numpy schedule emulator (``emu.schedule.Emu``).
 
@@ -35,10 +35,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .compare import nonfinite_where
-from .errors import UserError
-from .runtime import prompt_chunk
-from .speculative import SpecStats
+from ..compare import nonfinite_where
+from ..errors import UserError
+from ..inputs import prompt_chunk
+from ..speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]
 

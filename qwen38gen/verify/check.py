@@ -1,6 +1,5 @@
 """The equivalence locks: build a program, run it on the golden prompts, compare.
 
-* ``build(cfg, lanes)``: emit + gate (nvcc, cached) -> (cubin path, manifest).
 * ``run_batches``: prompts through a Runtime, B at a time (more prompts than B run in successive
   batches).
 * ``update_golden``: the batch-1 program's runs, checked against the numpy reference, written.
@@ -18,20 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..build import build
+from ..config import PRESETS, ModelConfig
+from ..emit import atomic_write
+from ..errors import UserError
+from ..lanes import Lanes
+from ..weights import default_tensors
 from . import golden as G
-from .config import PRESETS, ModelConfig
-from .emit import atomic_write, emit_program
-from .errors import UserError
-from .gate import ResourceError, compile_source
-from .lanes import Lanes
-
-
-def build(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> tuple[str, dict]:
-    prog = emit_program(cfg, lanes, trace=trace)
-    res = compile_source(prog.source, prog.name + ".cu", arch=lanes.arch, manifest=prog.manifest)
-    if res.problems and not trace:   # the trace variant's extra registers may spill: allowed
-        raise ResourceError(res)
-    return res.cubin, prog.manifest
 
 
 def check_model(spec, folder: Path | None = None) -> ModelConfig:
@@ -40,7 +32,7 @@ def check_model(spec, folder: Path | None = None) -> ModelConfig:
     a golden file in ``folder`` (default: the packaged one), are refused naming those that have
     one. A config.json or a folder of only a config.json of such a preset's geometry is that
     preset."""
-    from .config import resolve_model
+    from ..config import resolve_model
 
     resolved = resolve_model(spec)
     names = [n for n in PRESETS if G.golden_path(PRESETS[n], folder=folder).is_file()]
@@ -56,19 +48,9 @@ def check_model(spec, folder: Path | None = None) -> ModelConfig:
     return match
 
 
-def default_tensors(cfg: ModelConfig, seed: int = G.SEED, mtp: bool = False) -> dict:
-    """The embedded default's weights: seeded synthetic, as the int4 program and its oracle use
-    them (the runtime packs the float weights itself; the reference gets the dequantization).
-    mtp: with the MTP layer's tensors (each tensor is seeded by its name, so the others are the
-    same either way)."""
-    from .weights import synthetic_weights
-
-    return synthetic_weights(cfg, seed, mtp=mtp)
-
-
 def run_batches(cfg, lanes, tensors, prompts, steps, tmax, forced=None, topk=True,
                 keep_state=False):
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
     cubin, manifest = build(cfg, lanes)
     out, states = [], []
@@ -90,8 +72,8 @@ def _ref_worker(args):
     """(prompt, tokens) -> teacher-forced reference logits and final state, in a subprocess."""
     prompt, tokens = args
     if "ref" not in _REF:
-        from .quantize import int4_weights
-        from .reference import Reference
+        from ..quantize import int4_weights
+        from ..reference import Reference
 
         cfg = PRESETS[G.MODEL]
         _REF["ref"] = Reference(cfg, int4_weights(cfg, default_tensors(cfg)))
@@ -174,7 +156,7 @@ def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dic
     (row ``b``): the worst relative error over the layers, for the recurrent state, the conv ring
     (the reference's last K-1 rows laid out as the kernel's ring, reference.conv_to_ring) and the
     K and V caches up to the sequence's position."""
-    from .reference import conv_to_ring
+    from ..reference import conv_to_ring
 
     by_layer = state_errors_by_layer(cfg, bufs, slot, st, b)
     return {k: G.worst(v.values()) for k, v in by_layer.items()}
@@ -184,7 +166,7 @@ def state_errors_by_layer(cfg: ModelConfig, bufs: dict, slot: int, st,
                           b: int = 0) -> dict[str, dict[int, float]]:
     """``state_errors`` per layer: {"rec" | "conv": {GDN layer: err}, "k" | "v": {attention
     layer: err}} (layer indices of the model, 0 = first)."""
-    from .reference import conv_to_ring
+    from ..reference import conv_to_ring
 
     pos = int(bufs["pos"][slot])
     gdn = list(enumerate(cfg.linear_layers))
@@ -282,13 +264,13 @@ def _rule_note(setting: str, cfg: ModelConfig) -> str:
 
 
 def check_spec(lanes: Lanes, g: G.Golden, cfg: ModelConfig | None = None) -> Outcome:
-    """`check --mtp K`: speculative decoding with the mtp program (qwen38gen.spec_runtime) on
+    """`check --mtp K`: speculative decoding with the mtp program (qwen38gen.verify.spec_runtime) on
     every golden prompt, B at a time (prompts cycle to fill a large batch): its token streams
     must equal the golden greedy streams exactly. Twice: with the program's own drafts, and with
     the drafts forced right from the golden stream (then every verify pass but a sequence's last
     must accept all K drafts, which exercises the multi-token accept and the state-slot rollback).
     Rows: mode, slot, golden sequence, prompt length, tokens, acceptance, target passes, status."""
-    from .runtime import Runtime
+    from ..runtime import Runtime
     from .spec_runtime import speculative_run, tmax_needed
 
     cfg = cfg or PRESETS[G.MODEL]
@@ -355,8 +337,8 @@ def quantized_synthetic(cfg: ModelConfig, seed: int = G.SEED) -> dict:
     """Seeded synthetic weights with every linear weight quantized once (int4 g128
     `QuantizedTensor`s): the program packs them as they are and the reference computes with
     their dequantization, so both see the same int4 weights."""
-    from .quantize import QuantizedTensor
-    from .weights import quantize_pack
+    from ..quantize import QuantizedTensor
+    from ..weights import quantize_pack
 
     shapes = cfg.tensor_shapes()
     out = {}
@@ -415,8 +397,8 @@ def check_reference(cfg: ModelConfig, lanes: Lanes, steps: int = REF_STEPS) -> O
     """`check --reference`: the program of ``cfg`` (any supported geometry, e.g. a published
     dense size) on synthetic int4 weights, its own greedy streams on REF_PROMPT_LENGTHS prompts
     (cycled to fill the batch) against the numpy reference teacher-forced on them."""
-    from .quantize import dequantized_weights
-    from .reference import Reference
+    from ..quantize import dequantized_weights
+    from ..reference import Reference
 
     prompts = reference_prompts(cfg)
     count = max(len(prompts), lanes.batch)

@@ -11,12 +11,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .sampling import SamplingParams
+from ..errors import UserError
+from ..sampling import DEFAULTS, SamplingParams
 
 FIELDS = ("id", "prompt", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "min_p",
           "seed", "stop_token_ids", "ignore_eos")
 DEFAULT_MAX_TOKENS = 16   # vLLM's default
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")   # defaults: sampling.DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ def parse_request(obj, where: str, number: int, vocab: int, run_seed: int = 0,
     if seed is None:
         seed = default_seed(run_seed, number)
     try:
-        sp = SamplingParams(temperature=obj.get("temperature", 0.0), top_k=obj.get("top_k", -1),
-                            top_p=obj.get("top_p", 1.0), min_p=obj.get("min_p", 0.0), seed=seed)
+        sp = SamplingParams(**{f: obj.get(f, getattr(DEFAULTS, f)) for f in SAMPLING_FIELDS},
+                            seed=seed)
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
     return Request(rid, tuple(ids), mt, frozenset(stops), ign, sp, text)

@@ -44,10 +44,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .compare import nonfinite_where
-from .errors import UserError
+from ..compare import nonfinite_where
+from ..errors import UserError
+from ..sampling import sample
 from .requests import Request
-from .sampling import sample
 
 
 class Backend(Protocol):

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..build import build
+from ..config import ModelConfig
+from ..lanes import Lanes
+from ..runtime import DeviceFill, Runtime
+from ..tuning import Tuning
 from .bench import fill_state, time_graph
-from .check import build
-from .config import ModelConfig
-from .lanes import Lanes
-from .runtime import DeviceFill, Runtime
-from .tuning import Tuning
 
 ALPHAS = (0.5, 0.7, 0.9)
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-# The kinds of a step's kernels (PERF.md's floor terms) and the families of each; the rest is
-# "rest" (norms, SwiGLU, embed, argmax, the mtp lane's bookkeeping).
-KINDS = (("gemv", ("gemv_q4", "gemm_q4", "wgmma_q4", "wgmma_sk_q4")),
-         ("delta rule", ("gdn",)),
-         ("attention", ("attn_prep", "attn_tc")))
+from ..plan.families import KINDS, family
+
+__all__ = ["KINDS", "kind_of", "time_graph"]
 
 
 def kind_of(manifest: dict, launch: dict) -> str:
-    """The kind of a launch of the manifest's schedule, from its kernel's family."""
-    family = manifest["kernels"][launch["k"]]["family"]
-    return next((k for k, fams in KINDS if family in fams), "rest")
+    """The kind (KINDS: gemv, delta rule, attention, rest) of a launch of the manifest's schedule,
+    from its kernel's family's row in plan/families.py (an unknown family is an error)."""
+    return family(manifest["kernels"][launch["k"]]["family"]).kind
 
 
 def time_graph(rt, ctx: int, warmup: int, reps: int, phase: str = "decode",
