@@ -215,13 +215,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     from qwen38gen.serve.run import eos_ids
 
     gen = ref.generate(ids, steps, stop=() if ignore_eos else eos_ids(cfg, tok))
-    t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
-    t.add_column("seq", justify="right")
-    t.add_column("prompt")
-    t.add_column("generated")
-    for i, (p, g) in enumerate(zip(ids, gen)):
-        t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
-    out.print(t)
+    out.print(R.generate_table(cfg, steps, ids, gen))
     if tok is not None:
         for i, g in enumerate(gen):
             out.print(f"[{i}] {tok.decode(g)}", markup=False)
@@ -234,18 +228,8 @@ def lanes_cmd():
     from qwen38gen.lanes import supported_table
     from qwen38gen.tuning import ROLES, tuning_table
 
-    t = Table(title="supported lanes")
-    t.add_column("field")
-    t.add_column("supported")
-    for k, v in supported_table():
-        t.add_row(k, v)
-    out.print(t)
-    t = Table(title="tuning (--tune KEY=VALUE; a non-default value is part of the lane name)")
-    for c in ("key", "supported", "default", "what"):
-        t.add_column(c)
-    for row in tuning_table():
-        t.add_row(*row)
-    out.print(t)
+    for t in R.lanes_tables(supported_table(), tuning_table()):
+        out.print(t)
     out.print(f"ROLE: {', '.join(ROLES)}; per-role defaults come from the schedule table "
               "(qwen38gen/plan/table.py)")
 
@@ -327,20 +311,7 @@ def gate(files, matrix, jobs, quiet):
         from qwen38gen.matrix import run_matrix
 
         results = run_matrix(jobs=jobs or os.cpu_count() or 1, console=err)
-        t = Table(title="gate matrix")
-        for c in ("lane", "kernels", "max regs", "spills", "stack", "cached", "status"):
-            t.add_column(c)
-        for name, res, problem in results:
-            if res is None:
-                failed = True
-                t.add_row(name, "-", "-", "-", "-", "-", f"[red]{problem}[/red]")
-                continue
-            bad = res.problems
-            failed |= bool(bad)
-            t.add_row(name, str(len(res.kernels)), str(max(k.registers for k in res.kernels)),
-                      str(sum(k.spill_stores + k.spill_loads for k in res.kernels)),
-                      str(sum(k.stack for k in res.kernels)), "yes" if res.cached else "no",
-                      "[red]" + "; ".join(bad) + "[/red]" if bad else "[green]pass[/green]")
+        t, failed = R.gate_matrix_table(results)
         out.print(t)
     for f in files:
         try:
@@ -589,12 +560,7 @@ def golden_cmd(update, candidate, golden_dir):
 
 
 def _outcome_table(title, cols, res):
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in res.rows:
-        t.add_row(*r)
-    out.print(t)
+    out.print(R.outcome_table(title, cols, res))
     for n in res.notes:
         out.print(n)
 
@@ -711,8 +677,7 @@ def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
 def _verdict(title: str, columns: tuple, res, unit: str):
     """The outcome table, then PASS/FAIL with the count of ok rows; exit 0 or 1."""
     _outcome_table(title, columns, res)
-    n_ok = sum(r[-1] == "ok" for r in res.rows)
-    out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}")
+    out.print(R.verdict_line(res, unit))
     sys.exit(0 if res.ok else 1)
 
 

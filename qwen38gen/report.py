@@ -1,4 +1,5 @@
-"""The command line's tables (rich): what `info`, `gate`, `quantize` and `bench` print.
+"""The command line's tables (rich): what `info`, `generate`, `lanes`, `gate`, `quantize`, `check`,
+`bench` and `perf` print.
 
 Each function builds tables or lines from the package's results; cli.py prints them.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from .errors import UserError
+from .plan.families import KINDS
 
 
 def gb(x: float) -> str:
@@ -147,22 +149,83 @@ def bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
     when the console is narrower than the table."""
     t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
                     f"(measured in this run), programmatic dependent launch {pdl}")
-    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
-              "gemv", "delta rule", "attention", "rest"):
+    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor", *KINDS):
         t.add_column(c, justify="right", overflow="fold")
     for r in rows:
-        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
+        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in KINDS]
         t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
                   f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
     g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
                     "floor bytes (weights / state / KV) over that time")
-    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
+    for c in ("B", *KINDS, "sum", "step"):
         g.add_column(c, justify="right", overflow="fold")
     for r in rows:
         cells = []
-        for k in ("gemv", "delta rule", "attention", "rest"):
+        for k in KINDS:
             ms = r.graph_ms.get(k)
             gb = r.kind_gbs.get(k)
             cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
         g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
     return [t, g]
+
+
+def generate_table(cfg, steps: int, prompts, generated) -> Table:
+    """`generate`: each sequence's prompt and generated ids."""
+    t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
+    t.add_column("seq", justify="right")
+    t.add_column("prompt")
+    t.add_column("generated")
+    for i, (p, g) in enumerate(zip(prompts, generated)):
+        t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
+    return t
+
+
+def lanes_tables(supported, tuning_rows) -> list[Table]:
+    """`lanes`: the supported lane choices, then the tuning keys."""
+    t = Table(title="supported lanes")
+    t.add_column("field")
+    t.add_column("supported")
+    for k, v in supported:
+        t.add_row(k, v)
+    u = Table(title="tuning (--tune KEY=VALUE; a non-default value is part of the lane name)")
+    for c in ("key", "supported", "default", "what"):
+        u.add_column(c)
+    for row in tuning_rows:
+        u.add_row(*row)
+    return [t, u]
+
+
+def gate_matrix_table(results) -> tuple[Table, bool]:
+    """`gate --matrix`: one row per lane; and whether any failed."""
+    t = Table(title="gate matrix")
+    for c in ("lane", "kernels", "max regs", "spills", "stack", "cached", "status"):
+        t.add_column(c)
+    failed = False
+    for name, res, problem in results:
+        if res is None:
+            failed = True
+            t.add_row(name, "-", "-", "-", "-", "-", f"[red]{problem}[/red]")
+            continue
+        bad = res.problems
+        failed |= bool(bad)
+        t.add_row(name, str(len(res.kernels)), str(max(k.registers for k in res.kernels)),
+                  str(sum(k.spill_stores + k.spill_loads for k in res.kernels)),
+                  str(sum(k.stack for k in res.kernels)), "yes" if res.cached else "no",
+                  "[red]" + "; ".join(bad) + "[/red]" if bad else "[green]pass[/green]")
+    return t, failed
+
+
+def outcome_table(title: str, columns, res) -> Table:
+    """A check's outcome (verify.check.Outcome): one row per sequence or request."""
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in res.rows:
+        t.add_row(*r)
+    return t
+
+
+def verdict_line(res, unit: str) -> str:
+    """PASS or FAIL with the count of ok rows."""
+    n_ok = sum(r[-1] == "ok" for r in res.rows)
+    return f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}"
