@@ -17,7 +17,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from qwen38gen import __version__
 from qwen38gen import report as R
@@ -766,16 +765,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     with err.status("bench --mtp") as st:
         rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m),
                             tuning=tuning)
-    t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
-                    f"drafter) vs plain decode step, T = {ctx}")
-    for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",
-              "spec tok/s", *(f"tok/s @α={a}" for a in Mm.ALPHAS)):
-        t.add_column(c, justify="right")
-    for r in rows:
-        t.add_row(str(r.batch), f"{r.plain_ms:.3f}", f"{r.spec_ms:.3f}", f"{r.ratio:.2f}",
-                  f"{r.emitted:.2f}", f"{r.plain_tok_s:,.0f}", f"{r.spec_tok_s:,.0f}",
-                  *(f"{r.implied_tok_s[a]:,.0f}" for a in Mm.ALPHAS))
-    out.print(t)
+    out.print(R.bench_mtp_table(cfg, ctx, k, rows, Mm.ALPHAS))
     out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
               f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")
     if json_out:
@@ -791,23 +781,7 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     with err.status("peers") as st:
         pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
     if pr["available"]:
-        ours = {r.batch: r.step_ms for r in rows}
-        t = Table(title=f"peers: the {pr['layers']} linear layers of one step only "
-                        f"({pr['params'] / 1e9:.3f} B params), graph replay, {pr['device']}, "
-                        f"{pr['torch']}")
-        for c in ("B", "our whole step ms", *(f"{Pm.SHORT[k]} ms (× int4 floor)" for k in Pm.PEERS),
-                  "int4 W floor ms", "bf16 W floor ms"):
-            t.add_column(c, justify="right")
-        for B in bs:
-            cells = []
-            for k in Pm.PEERS:
-                p = pr["peers"][k]
-                ms = next((r["ms"] for r in p["rows"] if r["batch"] == B), None)
-                cells.append("failed" if not p["ok"] else
-                             f"{ms:.3f} ({ms / pr['int4_floor_ms']:.2f}×)")
-            t.add_row(str(B), f"{ours[B]:.3f}" if B in ours else "", *cells,
-                      f"{pr['int4_floor_ms']:.3f}", f"{pr['bf16_floor_ms']:.3f}")
-        out.print(t)
+        out.print(R.peers_table(pr, bs, rows, Pm.PEERS, Pm.SHORT))
     for line in Pm.summary(pr):
         out.print(line, markup=False)
     return pr
@@ -844,38 +818,8 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
     fit = P.calibrate(P.load_measured(calibration_file or P.DEFAULT_CALIBRATION))
     meas = P.load_measured(measured_file) if measured_file else None
     preds = P.predict(cfg, bs, ctx, fit, design, meas)
-    out.print(f"timing model against its calibration run ({fit.model}, T = {fit.ctx})")
-    f = Table()
-    for c in ("B", "measured ms", "model ms", "error", "used"):
-        f.add_column(c, justify="right")
-    for r in fit.rows:
-        f.add_row(str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
-                  f"{100 * r['error']:+.1f}%", "held out" if r["held_out"] else "calibration")
-    out.print(f)
-    out.print(f"calibrated on B = {', '.join(map(str, fit.calibration))}; max |error|: "
-              f"calibration {100 * fit.max_error(False):.1f}%, held out "
-              f"{100 * fit.max_error(True):.1f}%")
-    t = Table(title=f"{cfg.name} decode step, T = {ctx}: model predictions (not measurements); "
-                    f"floor at the calibration run's copy bandwidth "
-                    f"{fit.params.R_copy / 1e12:.3f} TB/s")
-    for c in ("B", "floor ms", "today ms", "today, item 1 ms", "measured ms",
-              "persistent ms", "binds (share)", "persistent, item 1 ms", "no overlap ms"):
-        t.add_column(c, justify="right")
-
-    def ms(x, floor=None):
-        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
-        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
-
-    for p in preds:
-        per, i1 = p.persistent or {}, p.item1 or {}
-        t.add_row(str(p.batch), ms(p.floor), ms(p.today, p.floor),
-                  ms(i1.get("rate_and_overlap"), p.floor), ms(p.measured, p.floor),
-                  ms(per.get("step"), p.floor),
-                  " / ".join(f"{k} {100 * v:.0f}%" for k, v in
-                             sorted(per["share"].items(), key=lambda kv: -kv[1])[:2])
-                  if per else "-",
-                  ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
-    out.print(t)
+    for part in R.perf_tables(cfg, ctx, fit, preds):
+        out.print(part)
     if json_out:
         d = {"model": cfg.name, "ctx": ctx, "design": design, "prediction_unit": "s",
              "fit": fit.to_json(),

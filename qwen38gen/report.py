@@ -229,3 +229,72 @@ def verdict_line(res, unit: str) -> str:
     """PASS or FAIL with the count of ok rows."""
     n_ok = sum(r[-1] == "ok" for r in res.rows)
     return f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}"
+
+
+def bench_mtp_table(cfg, ctx: int, k: int, rows, alphas) -> Table:
+    """`bench --mtp K`: the speculative step against the plain decode step, per B."""
+    t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
+                    f"drafter) vs plain decode step, T = {ctx}")
+    for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",
+              "spec tok/s", *(f"tok/s @α={a}" for a in alphas)):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(str(r.batch), f"{r.plain_ms:.3f}", f"{r.spec_ms:.3f}", f"{r.ratio:.2f}",
+                  f"{r.emitted:.2f}", f"{r.plain_tok_s:,.0f}", f"{r.spec_tok_s:,.0f}",
+                  *(f"{r.implied_tok_s[a]:,.0f}" for a in alphas))
+    return t
+
+
+def peers_table(pr: dict, batches, rows, peers, short) -> Table:
+    """`bench --peers`: torch's kernels over the step's linear layers beside our whole step."""
+    ours = {r.batch: r.step_ms for r in rows}
+    t = Table(title=f"peers: the {pr['layers']} linear layers of one step only "
+                    f"({pr['params'] / 1e9:.3f} B params), graph replay, {pr['device']}, "
+                    f"{pr['torch']}")
+    for c in ("B", "our whole step ms", *(f"{short[k]} ms (× int4 floor)" for k in peers),
+              "int4 W floor ms", "bf16 W floor ms"):
+        t.add_column(c, justify="right")
+    for B in batches:
+        cells = []
+        for k in peers:
+            p = pr["peers"][k]
+            ms = next((r["ms"] for r in p["rows"] if r["batch"] == B), None)
+            cells.append("failed" if not p["ok"] else f"{ms:.3f} ({ms / pr['int4_floor_ms']:.2f}×)")
+        t.add_row(str(B), f"{ours[B]:.3f}" if B in ours else "", *cells,
+                  f"{pr['int4_floor_ms']:.3f}", f"{pr['bf16_floor_ms']:.3f}")
+    return t
+
+
+def perf_tables(cfg, ctx: int, fit, preds) -> list:
+    """`perf`: the timing model's fit on its calibration run, then its predictions per B."""
+    head = f"timing model against its calibration run ({fit.model}, T = {fit.ctx})"
+    f = Table()
+    for c in ("B", "measured ms", "model ms", "error", "used"):
+        f.add_column(c, justify="right")
+    for r in fit.rows:
+        f.add_row(str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+                  f"{100 * r['error']:+.1f}%", "held out" if r["held_out"] else "calibration")
+    fit_line = (f"calibrated on B = {', '.join(map(str, fit.calibration))}; max |error|: "
+                f"calibration {100 * fit.max_error(False):.1f}%, held out "
+                f"{100 * fit.max_error(True):.1f}%")
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}: model predictions (not measurements); "
+                    f"floor at the calibration run's copy bandwidth "
+                    f"{fit.params.R_copy / 1e12:.3f} TB/s")
+    for c in ("B", "floor ms", "today ms", "today, item 1 ms", "measured ms",
+              "persistent ms", "binds (share)", "persistent, item 1 ms", "no overlap ms"):
+        t.add_column(c, justify="right")
+
+    def ms(x, floor=None):
+        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
+        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
+
+    for p in preds:
+        per, i1 = p.persistent or {}, p.item1 or {}
+        t.add_row(str(p.batch), ms(p.floor), ms(p.today, p.floor),
+                  ms(i1.get("rate_and_overlap"), p.floor), ms(p.measured, p.floor),
+                  ms(per.get("step"), p.floor),
+                  " / ".join(f"{k} {100 * v:.0f}%" for k, v in
+                             sorted(per["share"].items(), key=lambda kv: -kv[1])[:2])
+                  if per else "-",
+                  ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
+    return [head, f, fit_line, t]
