@@ -124,29 +124,6 @@ def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
     return ids
 
 
-def _memory_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _check_reference_fits(cfg, what: str) -> None:
-    """The CPU reference holds every text tensor in fp32 (plus the bf16 or int4 source while it
-    converts): refuse before building anything a model whose weights will not fit in memory."""
-    need = cfg.text_params * 6 + cfg.mtp_params * 6
-    have = _memory_available()
-    if have is not None and need > have:
-        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory "
-                        f"for the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
-                        f"their source); {have / 1e9:.0f} GB is available. Use a smaller model "
-                        "(e.g. --model tiny, or `qwen38gen info --list`)")
-
-
 @cli.command()
 @click.option("--model", default=None,
               help="Preset, config.json or model folder [default: the --weights folder's "
@@ -174,7 +151,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     import numpy as np
 
     from qwen38gen.quantize import int4_weights, load_any
-    from qwen38gen.reference import Reference
+    from qwen38gen.reference import Reference, check_fits
     from qwen38gen.weights import synthetic_weights
 
     if seed < 0:
@@ -203,7 +180,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         bad = [t for t in p if not 0 <= t < cfg.vocab_size]
         if bad:
             raise UserError(f"token id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1}")
-    _check_reference_fits(cfg, "generate")
+    check_fits(cfg, "generate")
     if weights_dir is not None:
         tensors = load_any(weights_dir, cfg)
     else:
