@@ -495,12 +495,9 @@ def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
     try:
         return prompt_requests(texts, cfg.vocab_size, tok, sampling_seed, chat=opts["chat"],
                                think=opts["think"], **params)
-    except UserError as e:   # "--prompt number 1: top_k -3 is ...": name the option instead
-        msg = str(e)
-        for k in params:
-            head = f"--prompt number 1: {k} "
-            if msg.startswith(head):
-                raise UserError(f"--{k.replace('_', '-')} {msg[len(head):]}") from None
+    except UserError as e:   # a field the command line set: name its option
+        if e.field in params:
+            raise UserError(f"--{e.field.replace('_', '-')} {e.reason}") from None
         raise
 
 
