@@ -17,7 +17,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from qwen38gen import __version__
 from qwen38gen import report as R
@@ -125,29 +124,6 @@ def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
     return ids
 
 
-def _memory_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _check_reference_fits(cfg, what: str) -> None:
-    """The CPU reference holds every text tensor in fp32 (plus the bf16 or int4 source while it
-    converts): refuse before building anything a model whose weights will not fit in memory."""
-    need = cfg.text_params * 6 + cfg.mtp_params * 6
-    have = _memory_available()
-    if have is not None and need > have:
-        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory "
-                        f"for the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
-                        f"their source); {have / 1e9:.0f} GB is available. Use a smaller model "
-                        "(e.g. --model tiny, or `qwen38gen info --list`)")
-
-
 @cli.command()
 @click.option("--model", default=None,
               help="Preset, config.json or model folder [default: the --weights folder's "
@@ -175,7 +151,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     import numpy as np
 
     from qwen38gen.quantize import int4_weights, load_any
-    from qwen38gen.reference import Reference
+    from qwen38gen.reference import Reference, check_fits
     from qwen38gen.weights import synthetic_weights
 
     if seed < 0:
@@ -204,7 +180,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         bad = [t for t in p if not 0 <= t < cfg.vocab_size]
         if bad:
             raise UserError(f"token id {bad[0]} is outside the vocabulary 0..{cfg.vocab_size - 1}")
-    _check_reference_fits(cfg, "generate")
+    check_fits(cfg, "generate")
     if weights_dir is not None:
         tensors = load_any(weights_dir, cfg)
     else:
@@ -215,13 +191,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     from qwen38gen.serve.run import eos_ids
 
     gen = ref.generate(ids, steps, stop=() if ignore_eos else eos_ids(cfg, tok))
-    t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
-    t.add_column("seq", justify="right")
-    t.add_column("prompt")
-    t.add_column("generated")
-    for i, (p, g) in enumerate(zip(ids, gen)):
-        t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
-    out.print(t)
+    out.print(R.generate_table(cfg, steps, ids, gen))
     if tok is not None:
         for i, g in enumerate(gen):
             out.print(f"[{i}] {tok.decode(g)}", markup=False)
@@ -234,18 +204,8 @@ def lanes_cmd():
     from qwen38gen.lanes import supported_table
     from qwen38gen.tuning import ROLES, tuning_table
 
-    t = Table(title="supported lanes")
-    t.add_column("field")
-    t.add_column("supported")
-    for k, v in supported_table():
-        t.add_row(k, v)
-    out.print(t)
-    t = Table(title="tuning (--tune KEY=VALUE; a non-default value is part of the lane name)")
-    for c in ("key", "supported", "default", "what"):
-        t.add_column(c)
-    for row in tuning_table():
-        t.add_row(*row)
-    out.print(t)
+    for t in R.lanes_tables(supported_table(), tuning_table()):
+        out.print(t)
     out.print(f"ROLE: {', '.join(ROLES)}; per-role defaults come from the schedule table "
               "(qwen38gen/plan/table.py)")
 
@@ -327,20 +287,7 @@ def gate(files, matrix, jobs, quiet):
         from qwen38gen.matrix import run_matrix
 
         results = run_matrix(jobs=jobs or os.cpu_count() or 1, console=err)
-        t = Table(title="gate matrix")
-        for c in ("lane", "kernels", "max regs", "spills", "stack", "cached", "status"):
-            t.add_column(c)
-        for name, res, problem in results:
-            if res is None:
-                failed = True
-                t.add_row(name, "-", "-", "-", "-", "-", f"[red]{problem}[/red]")
-                continue
-            bad = res.problems
-            failed |= bool(bad)
-            t.add_row(name, str(len(res.kernels)), str(max(k.registers for k in res.kernels)),
-                      str(sum(k.spill_stores + k.spill_loads for k in res.kernels)),
-                      str(sum(k.stack for k in res.kernels)), "yes" if res.cached else "no",
-                      "[red]" + "; ".join(bad) + "[/red]" if bad else "[green]pass[/green]")
+        t, failed = R.gate_matrix_table(results)
         out.print(t)
     for f in files:
         try:
@@ -548,12 +495,9 @@ def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
     try:
         return prompt_requests(texts, cfg.vocab_size, tok, sampling_seed, chat=opts["chat"],
                                think=opts["think"], **params)
-    except UserError as e:   # "--prompt number 1: top_k -3 is ...": name the option instead
-        msg = str(e)
-        for k in params:
-            head = f"--prompt number 1: {k} "
-            if msg.startswith(head):
-                raise UserError(f"--{k.replace('_', '-')} {msg[len(head):]}") from None
+    except UserError as e:   # a field the command line set: name its option
+        if e.field in params:
+            raise UserError(f"--{e.field.replace('_', '-')} {e.reason}") from None
         raise
 
 
@@ -589,12 +533,7 @@ def golden_cmd(update, candidate, golden_dir):
 
 
 def _outcome_table(title, cols, res):
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in res.rows:
-        t.add_row(*r)
-    out.print(t)
+    out.print(R.outcome_table(title, cols, res))
     for n in res.notes:
         out.print(n)
 
@@ -717,8 +656,7 @@ def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
 def _verdict(title: str, columns: tuple, res, unit: str):
     """The outcome table, then PASS/FAIL with the count of ok rows; exit 0 or 1."""
     _outcome_table(title, columns, res)
-    n_ok = sum(r[-1] == "ok" for r in res.rows)
-    out.print(f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}")
+    out.print(R.verdict_line(res, unit))
     sys.exit(0 if res.ok else 1)
 
 
@@ -807,16 +745,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     with err.status("bench --mtp") as st:
         rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m),
                             tuning=tuning)
-    t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
-                    f"drafter) vs plain decode step, T = {ctx}")
-    for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",
-              "spec tok/s", *(f"tok/s @α={a}" for a in Mm.ALPHAS)):
-        t.add_column(c, justify="right")
-    for r in rows:
-        t.add_row(str(r.batch), f"{r.plain_ms:.3f}", f"{r.spec_ms:.3f}", f"{r.ratio:.2f}",
-                  f"{r.emitted:.2f}", f"{r.plain_tok_s:,.0f}", f"{r.spec_tok_s:,.0f}",
-                  *(f"{r.implied_tok_s[a]:,.0f}" for a in Mm.ALPHAS))
-    out.print(t)
+    out.print(R.bench_mtp_table(cfg, ctx, k, rows, Mm.ALPHAS))
     out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
               f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")
     if json_out:
@@ -832,23 +761,7 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     with err.status("peers") as st:
         pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
     if pr["available"]:
-        ours = {r.batch: r.step_ms for r in rows}
-        t = Table(title=f"peers: the {pr['layers']} linear layers of one step only "
-                        f"({pr['params'] / 1e9:.3f} B params), graph replay, {pr['device']}, "
-                        f"{pr['torch']}")
-        for c in ("B", "our whole step ms", *(f"{Pm.SHORT[k]} ms (× int4 floor)" for k in Pm.PEERS),
-                  "int4 W floor ms", "bf16 W floor ms"):
-            t.add_column(c, justify="right")
-        for B in bs:
-            cells = []
-            for k in Pm.PEERS:
-                p = pr["peers"][k]
-                ms = next((r["ms"] for r in p["rows"] if r["batch"] == B), None)
-                cells.append("failed" if not p["ok"] else
-                             f"{ms:.3f} ({ms / pr['int4_floor_ms']:.2f}×)")
-            t.add_row(str(B), f"{ours[B]:.3f}" if B in ours else "", *cells,
-                      f"{pr['int4_floor_ms']:.3f}", f"{pr['bf16_floor_ms']:.3f}")
-        out.print(t)
+        out.print(R.peers_table(pr, bs, rows, Pm.PEERS, Pm.SHORT))
     for line in Pm.summary(pr):
         out.print(line, markup=False)
     return pr
@@ -885,38 +798,8 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
     fit = P.calibrate(P.load_measured(calibration_file or P.DEFAULT_CALIBRATION))
     meas = P.load_measured(measured_file) if measured_file else None
     preds = P.predict(cfg, bs, ctx, fit, design, meas)
-    out.print(f"timing model against its calibration run ({fit.model}, T = {fit.ctx})")
-    f = Table()
-    for c in ("B", "measured ms", "model ms", "error", "used"):
-        f.add_column(c, justify="right")
-    for r in fit.rows:
-        f.add_row(str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
-                  f"{100 * r['error']:+.1f}%", "held out" if r["held_out"] else "calibration")
-    out.print(f)
-    out.print(f"calibrated on B = {', '.join(map(str, fit.calibration))}; max |error|: "
-              f"calibration {100 * fit.max_error(False):.1f}%, held out "
-              f"{100 * fit.max_error(True):.1f}%")
-    t = Table(title=f"{cfg.name} decode step, T = {ctx}: model predictions (not measurements); "
-                    f"floor at the calibration run's copy bandwidth "
-                    f"{fit.params.R_copy / 1e12:.3f} TB/s")
-    for c in ("B", "floor ms", "today ms", "today, item 1 ms", "measured ms",
-              "persistent ms", "binds (share)", "persistent, item 1 ms", "no overlap ms"):
-        t.add_column(c, justify="right")
-
-    def ms(x, floor=None):
-        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
-        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
-
-    for p in preds:
-        per, i1 = p.persistent or {}, p.item1 or {}
-        t.add_row(str(p.batch), ms(p.floor), ms(p.today, p.floor),
-                  ms(i1.get("rate_and_overlap"), p.floor), ms(p.measured, p.floor),
-                  ms(per.get("step"), p.floor),
-                  " / ".join(f"{k} {100 * v:.0f}%" for k, v in
-                             sorted(per["share"].items(), key=lambda kv: -kv[1])[:2])
-                  if per else "-",
-                  ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
-    out.print(t)
+    for part in R.perf_tables(cfg, ctx, fit, preds):
+        out.print(part)
     if json_out:
         d = {"model": cfg.name, "ctx": ctx, "design": design, "prediction_unit": "s",
              "fit": fit.to_json(),

@@ -70,15 +70,42 @@ from __future__ import annotations
 
 import copy as _copy
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from .config import DECODER, EMBED, FULL, LINEAR, LM_HEAD, MTP, ModelConfig, canonical_name
+from .errors import UserError
 
 __all__ = [
     "Reference", "State", "rms1p", "rms_gated", "l2n", "silu", "sigmoid", "softplus", "rope",
-    "gdn_recurrent", "gdn_chunked", "conv_to_ring",
+    "gdn_recurrent", "gdn_chunked", "conv_to_ring", "check_fits",
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory: the reference holds every text tensor in fp32, plus the source while it converts
+def memory_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(cfg: ModelConfig, what: str) -> None:
+    """Refuse, before anything is built, a model whose weights will not fit in memory in fp32
+    (4 bytes a parameter) beside their bf16 or int4 source (about 2 more)."""
+    need = cfg.text_params * 6 + cfg.mtp_params * 6
+    have = memory_available()
+    if have is not None and need > have:
+        raise UserError(f"{what} of {cfg.name!r} would need about {need / 1e9:.0f} GB of memory "
+                        f"for the CPU reference ({cfg.text_params / 1e9:.1f} B parameters in fp32 plus "
+                        f"their source); {have / 1e9:.0f} GB is available. Use a smaller model "
+                        "(e.g. --model tiny, or `qwen38gen info --list`)")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The command line's tables (rich): what `info`, `gate`, `quantize` and `bench` print.
+"""The command line's tables (rich): what `info`, `generate`, `lanes`, `gate`, `quantize`, `check`,
+`bench` and `perf` print.
 
 Each function builds tables or lines from the package's results; cli.py prints them.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from .errors import UserError
+from .plan.families import KINDS
 
 
 def gb(x: float) -> str:
@@ -147,22 +149,152 @@ def bench_tables(cfg, ctx, bw, rows, pdl: str) -> list:
     when the console is narrower than the table."""
     t = Table(title=f"{cfg.name} decode step, T = {ctx}, copy bandwidth {bw / 1e12:.3f} TB/s "
                     f"(measured in this run), programmatic dependent launch {pdl}")
-    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor",
-              "gemv", "delta rule", "attention", "rest"):
+    for c in ("B", "step ms", "tok/s", "GB/s", "floor ms", "step/floor", "% of floor", *KINDS):
         t.add_column(c, justify="right", overflow="fold")
     for r in rows:
-        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in ("gemv", "delta rule", "attention", "rest")]
+        sh = [f"{100 * r.share.get(k, 0):.0f}%" for k in KINDS]
         t.add_row(str(r.batch), f"{r.step_ms:.3f}", f"{r.tok_s:,.0f}", f"{r.gbs:,.0f}",
                   f"{r.floor_ms:.3f}", f"{r.ratio:.2f}", f"{100 / r.ratio:.0f}%", *sh)
     g = Table(title="each kind's launches of one step as a graph of their own: ms, and the kind's "
                     "floor bytes (weights / state / KV) over that time")
-    for c in ("B", "gemv", "delta rule", "attention", "rest", "sum", "step"):
+    for c in ("B", *KINDS, "sum", "step"):
         g.add_column(c, justify="right", overflow="fold")
     for r in rows:
         cells = []
-        for k in ("gemv", "delta rule", "attention", "rest"):
+        for k in KINDS:
             ms = r.graph_ms.get(k)
             gb = r.kind_gbs.get(k)
             cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({gb:,.0f} GB/s)" if gb else ""))
         g.add_row(str(r.batch), *cells, f"{sum(r.graph_ms.values()):.3f}", f"{r.step_ms:.3f}")
     return [t, g]
+
+
+def generate_table(cfg, steps: int, prompts, generated) -> Table:
+    """`generate`: each sequence's prompt and generated ids."""
+    t = Table(title=f"reference greedy generation, {cfg.name}, up to {steps} steps")
+    t.add_column("seq", justify="right")
+    t.add_column("prompt")
+    t.add_column("generated")
+    for i, (p, g) in enumerate(zip(prompts, generated)):
+        t.add_row(str(i), ",".join(map(str, p)), ",".join(map(str, g)))
+    return t
+
+
+def lanes_tables(supported, tuning_rows) -> list[Table]:
+    """`lanes`: the supported lane choices, then the tuning keys."""
+    t = Table(title="supported lanes")
+    t.add_column("field")
+    t.add_column("supported")
+    for k, v in supported:
+        t.add_row(k, v)
+    u = Table(title="tuning (--tune KEY=VALUE; a non-default value is part of the lane name)")
+    for c in ("key", "supported", "default", "what"):
+        u.add_column(c)
+    for row in tuning_rows:
+        u.add_row(*row)
+    return [t, u]
+
+
+def gate_matrix_table(results) -> tuple[Table, bool]:
+    """`gate --matrix`: one row per lane; and whether any failed."""
+    t = Table(title="gate matrix")
+    for c in ("lane", "kernels", "max regs", "spills", "stack", "cached", "status"):
+        t.add_column(c)
+    failed = False
+    for name, res, problem in results:
+        if res is None:
+            failed = True
+            t.add_row(name, "-", "-", "-", "-", "-", f"[red]{problem}[/red]")
+            continue
+        bad = res.problems
+        failed |= bool(bad)
+        t.add_row(name, str(len(res.kernels)), str(max(k.registers for k in res.kernels)),
+                  str(sum(k.spill_stores + k.spill_loads for k in res.kernels)),
+                  str(sum(k.stack for k in res.kernels)), "yes" if res.cached else "no",
+                  "[red]" + "; ".join(bad) + "[/red]" if bad else "[green]pass[/green]")
+    return t, failed
+
+
+def outcome_table(title: str, columns, res) -> Table:
+    """A check's outcome (verify.check.Outcome): one row per sequence or request."""
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in res.rows:
+        t.add_row(*r)
+    return t
+
+
+def verdict_line(res, unit: str) -> str:
+    """PASS or FAIL with the count of ok rows."""
+    n_ok = sum(r[-1] == "ok" for r in res.rows)
+    return f"{'[green]PASS' if res.ok else '[red]FAIL'}[/] {n_ok}/{len(res.rows)} {unit}"
+
+
+def bench_mtp_table(cfg, ctx: int, k: int, rows, alphas) -> Table:
+    """`bench --mtp K`: the speculative step against the plain decode step, per B."""
+    t = Table(title=f"{cfg.name}: speculative step (mtp={k}: verify {k + 1} rows + accept + MTP "
+                    f"drafter) vs plain decode step, T = {ctx}")
+    for c in ("B", "plain ms", "spec ms", "spec/plain", "emitted/step", "plain tok/s",
+              "spec tok/s", *(f"tok/s @α={a}" for a in alphas)):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(str(r.batch), f"{r.plain_ms:.3f}", f"{r.spec_ms:.3f}", f"{r.ratio:.2f}",
+                  f"{r.emitted:.2f}", f"{r.plain_tok_s:,.0f}", f"{r.spec_tok_s:,.0f}",
+                  *(f"{r.implied_tok_s[a]:,.0f}" for a in alphas))
+    return t
+
+
+def peers_table(pr: dict, batches, rows, peers, short) -> Table:
+    """`bench --peers`: torch's kernels over the step's linear layers beside our whole step."""
+    ours = {r.batch: r.step_ms for r in rows}
+    t = Table(title=f"peers: the {pr['layers']} linear layers of one step only "
+                    f"({pr['params'] / 1e9:.3f} B params), graph replay, {pr['device']}, "
+                    f"{pr['torch']}")
+    for c in ("B", "our whole step ms", *(f"{short[k]} ms (× int4 floor)" for k in peers),
+              "int4 W floor ms", "bf16 W floor ms"):
+        t.add_column(c, justify="right")
+    for B in batches:
+        cells = []
+        for k in peers:
+            p = pr["peers"][k]
+            ms = next((r["ms"] for r in p["rows"] if r["batch"] == B), None)
+            cells.append("failed" if not p["ok"] else f"{ms:.3f} ({ms / pr['int4_floor_ms']:.2f}×)")
+        t.add_row(str(B), f"{ours[B]:.3f}" if B in ours else "", *cells,
+                  f"{pr['int4_floor_ms']:.3f}", f"{pr['bf16_floor_ms']:.3f}")
+    return t
+
+
+def perf_tables(cfg, ctx: int, fit, preds) -> list:
+    """`perf`: the timing model's fit on its calibration run, then its predictions per B."""
+    head = f"timing model against its calibration run ({fit.model}, T = {fit.ctx})"
+    f = Table()
+    for c in ("B", "measured ms", "model ms", "error", "used"):
+        f.add_column(c, justify="right")
+    for r in fit.rows:
+        f.add_row(str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+                  f"{100 * r['error']:+.1f}%", "held out" if r["held_out"] else "calibration")
+    fit_line = (f"calibrated on B = {', '.join(map(str, fit.calibration))}; max |error|: "
+                f"calibration {100 * fit.max_error(False):.1f}%, held out "
+                f"{100 * fit.max_error(True):.1f}%")
+    t = Table(title=f"{cfg.name} decode step, T = {ctx}: model predictions (not measurements); "
+                    f"floor at the calibration run's copy bandwidth "
+                    f"{fit.params.R_copy / 1e12:.3f} TB/s")
+    for c in ("B", "floor ms", "today ms", "today, item 1 ms", "measured ms",
+              "persistent ms", "binds (share)", "persistent, item 1 ms", "no overlap ms"):
+        t.add_column(c, justify="right")
+
+    def ms(x, floor=None):
+        pct = f" ({100 * floor / x:.0f}%)" if floor and x else ""
+        return "-" if x is None else f"{x * 1e3:.3f}{pct}"
+
+    for p in preds:
+        per, i1 = p.persistent or {}, p.item1 or {}
+        t.add_row(str(p.batch), ms(p.floor), ms(p.today, p.floor),
+                  ms(i1.get("rate_and_overlap"), p.floor), ms(p.measured, p.floor),
+                  ms(per.get("step"), p.floor),
+                  " / ".join(f"{k} {100 * v:.0f}%" for k, v in
+                             sorted(per["share"].items(), key=lambda kv: -kv[1])[:2])
+                  if per else "-",
+                  ms(per.get("step_item1"), p.floor), ms(per.get("serial"), p.floor))
+    return [head, f, fit_line, t]

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UserError
+from .errors import field_error
 
 GREEDY_EPS = np.float32(1e-5)
 LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -77,24 +77,24 @@ class SamplingParams:
     def __post_init__(self):
         def num(name, v):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise UserError(f"{name} must be a finite number, got {v!r}")
+                raise field_error(name, f"must be a finite number, got {v!r}")
             return float(v)
 
         t = num("temperature", self.temperature)
         if t < 0:
-            raise UserError(f"temperature {self.temperature!r} is out of range: it must be ≥ 0 "
-                            "(0 = greedy)")
+            raise field_error("temperature", f"{self.temperature!r} is out of range: it must be ≥ 0 "
+                              "(0 = greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise UserError(f"top_k {self.top_k!r} is out of range: it must be an integer ≥ -1 "
-                            "(-1 or 0 = off)")
+            raise field_error("top_k", f"{self.top_k!r} is out of range: it must be an integer ≥ -1 "
+                              "(-1 or 0 = off)")
         p = num("top_p", self.top_p)
         if not 0 < p <= 1:
-            raise UserError(f"top_p {self.top_p!r} is out of range: it must be in (0, 1]")
+            raise field_error("top_p", f"{self.top_p!r} is out of range: it must be in (0, 1]")
         mp = num("min_p", self.min_p)
         if not 0 <= mp <= 1:
-            raise UserError(f"min_p {self.min_p!r} is out of range: it must be in [0, 1]")
+            raise field_error("min_p", f"{self.min_p!r} is out of range: it must be in [0, 1]")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise UserError(f"seed must be an integer, got {self.seed!r}")
+            raise field_error("seed", f"must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -21,12 +21,12 @@ from qwen38gen.config import PRESETS
 from qwen38gen.emu.backend import EmuBackend
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
-from qwen38gen.sampling import SamplingParams
 from qwen38gen.serve.engine import Engine, NonFiniteLogits
-from qwen38gen.serve.requests import Request, default_seed
+from qwen38gen.serve.requests import Request
 from qwen38gen.weights import default_tensors
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
+from tests._helpers import request_mix
 
 PT = 4
 CTX = 24
@@ -43,15 +43,7 @@ def emu_backend(B: int, device_sampling: bool = True) -> EmuBackend:
 
 
 def lock_requests(mode: str) -> list[Request]:
-    rng = np.random.default_rng(9)
-    out = []
-    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
-        prompt = tuple(int(t) for t in rng.integers(0, 1024, n))
-        sp = (SamplingParams() if mode == "greedy" else
-              SamplingParams(temperature=0.8, seed=default_seed(17, i),
-                             top_k=50 if i % 3 == 0 else -1, top_p=0.9 if i % 2 else 1.0))
-        out.append(Request(f"r{i}", prompt, m, sampling=sp))
-    return out
+    return request_mix(mode, LENGTHS, MAX_TOKENS, seed=9)
 
 
 _ALONE: dict = {}

@@ -16,13 +16,13 @@ import pytest
 from qwen38gen.config import PRESETS
 from qwen38gen.errors import UserError
 from qwen38gen.reference import Reference
-from qwen38gen.sampling import SamplingParams
 from qwen38gen.serve.backends import ReferenceBackend
 from qwen38gen.serve.engine import Engine
-from qwen38gen.serve.requests import Request, default_seed
+from qwen38gen.serve.requests import Request
 from qwen38gen.weights import synthetic_weights
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
+from tests._helpers import request_mix
 
 
 class FakeBackend:
@@ -136,15 +136,7 @@ def ref_backend(B):
 
 
 def lock_requests(mode: str) -> list[Request]:
-    rng = np.random.default_rng(5)
-    out = []
-    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
-        prompt = tuple(int(t) for t in rng.integers(0, 1024, n))
-        sp = (SamplingParams() if mode == "greedy" else
-              SamplingParams(temperature=0.8, seed=default_seed(11, i),
-                             top_p=0.95 if i % 2 else 1.0))
-        out.append(Request(f"r{i}", prompt, m, sampling=sp))
-    return out
+    return request_mix(mode, LENGTHS, MAX_TOKENS, seed=5)
 
 
 _ALONE: dict = {}

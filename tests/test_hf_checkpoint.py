@@ -169,14 +169,14 @@ def test_generate_bad_input(args, msg):
 
 
 def test_generate_refuses_a_model_too_big_before_building(monkeypatch):
-    import cli as cli_mod
+    from qwen38gen import reference
     from qwen38gen.errors import UserError
 
-    monkeypatch.setattr(cli_mod, "_memory_available", lambda: 64 * 10**9)
+    monkeypatch.setattr(reference, "memory_available", lambda: 64 * 10**9)
     with pytest.raises(UserError, match=r"generate of 'qwen3.8-27b' would need about 164 GB of "
                                         r"memory for the CPU reference \(26.9 B parameters"):
-        cli_mod._check_reference_fits(PRESETS["qwen3.8-27b"], "generate")
-    cli_mod._check_reference_fits(PRESETS["tiny"], "generate")
+        reference.check_fits(PRESETS["qwen3.8-27b"], "generate")
+    reference.check_fits(PRESETS["tiny"], "generate")
 
 
 def test_generate_weights_reads_the_folders_config(tmp_path):

@@ -156,3 +156,17 @@ def test_parameter_columns_and_defaults_have_one_owner():
     help_text = CliRunner().invoke(cli.cli, ["run", "--help"], terminal_width=1000).output
     assert f"[default: {DEFAULT_MAX_TOKENS}]" in help_text
     assert "greedy) [default: 0]" in help_text and S.DEFAULTS.temperature == 0
+
+
+def test_errors_carry_their_field():
+    """A bad parameter's error names its field (what `run --prompt` turns into the option's
+    name), also through a request line."""
+    from qwen38gen.serve.requests import parse_request
+
+    with pytest.raises(UserError) as e:
+        S.SamplingParams(temperature=0.5, top_k=-3)
+    assert (e.value.field, e.value.reason) == ("top_k", "-3 is out of range: it must be an "
+                                                        "integer ≥ -1 (-1 or 0 = off)")
+    with pytest.raises(UserError, match=r"^line 4: min_p 2 is out of range") as e:
+        parse_request({"prompt_ids": [1], "min_p": 2}, "line 4", 0, 16)
+    assert e.value.field == "min_p" and e.value.reason.startswith("2 is out of range")

@@ -98,7 +98,7 @@ MEASURED_KINDS = KINDS
 class LaunchCost:
     """What one launch of the decode schedule must do."""
     family: str
-    kind: str           # timing.KINDS: gemv, delta rule, attention, rest
+    kind: str           # plan.families.KINDS: gemv, delta rule, attention, rest
     hbm: float          # b: bytes from HBM
     part: str           # which floor term b belongs to: weights, state, kv, or ""
     act: float          # a: activation bytes (L2-resident)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, field_error
 from ..sampling import DEFAULTS, SamplingParams
 
 FIELDS = ("id", "prompt", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "min_p",
@@ -93,7 +93,7 @@ def parse_request(obj, where: str, number: int, vocab: int, run_seed: int = 0,
         raise UserError(f"{where}: token id {bad[0]} is outside the vocabulary 0..{vocab - 1}")
     mt = obj.get("max_tokens", DEFAULT_MAX_TOKENS)
     if not _int(mt) or mt < 1:
-        raise UserError(f"{where}: max_tokens {mt!r} must be an integer ≥ 1")
+        raise field_error("max_tokens", f"{mt!r} must be an integer ≥ 1", where)
     stops = obj.get("stop_token_ids", [])
     if not isinstance(stops, list) or not all(_int(t) and 0 <= t < vocab for t in stops):
         raise UserError(f"{where}: stop_token_ids must be a list of token ids in 0..{vocab - 1}")
@@ -107,7 +107,7 @@ def parse_request(obj, where: str, number: int, vocab: int, run_seed: int = 0,
         sp = SamplingParams(**{f: obj.get(f, getattr(DEFAULTS, f)) for f in SAMPLING_FIELDS},
                             seed=seed)
     except UserError as e:
-        raise UserError(f"{where}: {e}") from None
+        raise UserError(f"{where}: {e}", field=e.field, reason=e.reason) from None
     return Request(rid, tuple(ids), mt, frozenset(stops), ign, sp, text)
 
 

@@ -17,8 +17,9 @@ from qwen38gen.runtime import Runtime
 from qwen38gen.sampling import SamplingParams
 from qwen38gen.serve.backends import RuntimeBackend
 from qwen38gen.serve.engine import Engine
-from qwen38gen.serve.requests import Request
 from qwen38gen.weights import default_tensors
+
+from tests._helpers import request_mix
 
 PT = 8
 LENGTHS = (1, 9, 3, 17, 8, 20, 2)
@@ -26,12 +27,7 @@ MAX_TOKENS = (4, 1, 6, 3, 5, 2, 7)
 
 
 def requests(mode):
-    rng = np.random.default_rng(5)
-    out = []
-    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
-        sp = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.8, seed=100 + i)
-        out.append(Request(f"r{i}", tuple(int(t) for t in rng.integers(0, 1024, n)), m, sampling=sp))
-    return out
+    return request_mix(mode, LENGTHS, MAX_TOKENS, seed=5)
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
