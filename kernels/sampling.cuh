@@ -122,6 +122,31 @@ __device__ __forceinline__ void suffix_select(const unsigned long long* hist,
   }
 }
 
+// hist[256] over a row: amount(bits, key) of each element (its key out) added at the key's high
+// byte (level 0), or, among the keys whose high byte is hi, at its low byte (level 1); zero
+// amounts are skipped. 64-bit integer atomics, so the order of the adds does not matter. The top_k
+// count (amount 1) and the candidate weights (SampleRow::weight) both build theirs here.
+template <int NT, int NV, typename Amount>
+__device__ __forceinline__ void key_histogram(const uint4* __restrict__ row,
+                                              unsigned long long* hist, int level, uint32_t hi,
+                                              Amount amount) {
+  for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
+  __syncthreads();
+  for (int v = threadIdx.x; v < NV; v += NT) {
+    uint32_t b[8];
+    bf16_bits8(ldg16(row + v), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      uint32_t k;
+      const unsigned long long a = amount(b[e], k);
+      if (a == 0ull) continue;
+      if (level == 0) atomicAdd(&hist[k >> 8], a);
+      else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], a);
+    }
+  }
+  __syncthreads();
+}
+
 template <int V>
 __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
                                             const float* __restrict__ fpar,
@@ -175,19 +200,10 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
     unsigned long long need = (unsigned long long)top_k;
     for (int level = 0; level < 2; ++level) {
       const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
-      for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
-      __syncthreads();
-      for (int v = threadIdx.x; v < NV; v += NT) {
-        uint32_t b[8];
-        bf16_bits8(ldg16(row + v), b);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t k = bf16_key(b[e]);
-          if (level == 0) atomicAdd(&hist[k >> 8], 1ull);
-          else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], 1ull);
-        }
-      }
-      __syncthreads();
+      key_histogram<NT, NV>(row, hist, level, hi, [](uint32_t bits, uint32_t& k) {
+        k = bf16_key(bits);
+        return 1ull;
+      });
       if (warp == 0) suffix_select(hist, need, sel);
       __syncthreads();
       if (level == 0) need -= sel[1];
@@ -202,21 +218,8 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
   unsigned long long need = 0, above = 0;
   for (int level = 0; level < (nucleus ? 2 : 1); ++level) {
     const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
-    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
-    __syncthreads();
-    for (int v = threadIdx.x; v < NV; v += NT) {
-      uint32_t b[8];
-      bf16_bits8(ldg16(row + v), b);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        uint32_t k;
-        const unsigned long long w = R.weight(b[e], k);
-        if (w == 0ull) continue;
-        if (level == 0) atomicAdd(&hist[k >> 8], w);
-        else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], w);
-      }
-    }
-    __syncthreads();
+    key_histogram<NT, NV>(row, hist, level, hi,
+                          [&R](uint32_t bits, uint32_t& k) { return R.weight(bits, k); });
     if (level == 0) {
       if (warp == 0) {
         unsigned long long s = 0;
