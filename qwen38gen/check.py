@@ -20,7 +20,8 @@ import numpy as np
 
 from . import golden as G
 from .config import PRESETS, ModelConfig
-from .emit import atomic_write, emit_program
+from .emit import emit_program
+from .outputs import write_text
 from .errors import UserError
 from .gate import ResourceError, compile_source
 from .lanes import Lanes
@@ -145,12 +146,12 @@ def update_golden(cfg: ModelConfig | None = None, candidate: Path | None = None,
                  sequences=[{"prompt": s["prompt"], "tokens": s["tokens"], "topk": s["topk"]}
                             for s in seqs])
     if candidate is not None:
-        Path(candidate).write_text(g.to_json())
+        write_text(candidate, g.to_json(), name="--candidate")
     out = validate_golden(g)
     if not out.ok:
         return out, None
     path = G.golden_path(cfg, lanes, folder)
-    atomic_write(path, g.to_json())
+    write_text(path, g.to_json())
     return out, path
 
 

@@ -5,14 +5,13 @@ the throughput summary (docs/RUN_FORMAT.md). cli.py parses the options and print
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from .config import ModelConfig
 from .engine import Result, Stats, check_request
 from .errors import UserError
+from .outputs import Target
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
@@ -133,30 +132,31 @@ def summary_line(d: dict) -> str:
 
 
 class LineSink:
-    """Output lines, each written whole and flushed: to stdout, or to a file that appears only
-    complete (written beside it, renamed at ``commit``; removed on ``discard``)."""
+    """Output lines, each written whole and flushed: to stdout, or to an ``outputs.Target`` (a
+    file that appears only complete, at ``commit``; its temp removed on ``discard``; a FIFO or
+    character device written in place). The target's temp file is made here, before the run, so
+    an unwritable folder is an error before any work."""
 
     def __init__(self, path: Path | None, stdout):
-        self.path, self.tmp = path, None
+        self.target = None
         if path is None:
             self.f = stdout
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, self.tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            self.f = os.fdopen(fd, "w")
+            self.target = Target(path)
+            self.f = self.target.open()
 
     def write(self, obj: dict) -> None:
-        self.f.write(json.dumps(obj) + "\n")
-        self.f.flush()
+        if self.target is not None:
+            self.target.write(json.dumps(obj) + "\n")
+            self.target.flush()
+        else:
+            self.f.write(json.dumps(obj) + "\n")
+            self.f.flush()
 
     def commit(self) -> None:
-        if self.tmp is not None:
-            self.f.close()
-            os.replace(self.tmp, self.path)
-            self.tmp = None
+        if self.target is not None:
+            self.target.commit()
 
     def discard(self) -> None:
-        if self.tmp is not None:
-            self.f.close()
-            os.unlink(self.tmp)
-            self.tmp = None
+        if self.target is not None:
+            self.target.discard()
