@@ -282,3 +282,158 @@ def test_a_broken_pipe_is_one_line(tmp_path):
     os.close(write)
     assert_user_error(p.returncode, "", p.stderr, r"cannot write to standard output: Broken pipe")
 
+
+# ----------------------------------------------- item 8: prompt bytes that are not text, ''
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from tests.test_text_run import CFG
+    from tests.test_tokenizer import small_model_dir
+
+    d = tmp_path_factory.mktemp("rel") / "m"
+    save_checkpoint(CFG, synthetic_weights(CFG, 2), d)
+    return small_model_dir(d)
+
+
+@pytest.mark.parametrize("cmd", ["generate", "run"])
+def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path, text_model, cmd):
+    extra = ("--backend", "reference") if cmd == "run" else ("--steps", "1")
+    # Python keeps undecodable argv bytes as lone surrogates; a subprocess passes the bytes.
+    p = subprocess.run([PY.encode(), b"-m", b"cli", cmd.encode(), b"--model",
+                        str(text_model).encode(), b"--prompt", b"ab\xff\xfe",
+                        *(a.encode() for a in extra)], capture_output=True, cwd=tmp_path,
+                       env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    assert_user_error(p.returncode, "", p.stderr.decode(errors="replace"),
+                      r"--prompt.*not valid UTF-8 \(byte 0xff at character 2\)")
+
+
+def test_generate_an_empty_text_prompt_is_one_line(capsys, text_model):
+    assert_user_error(*invoke(capsys, "generate", "--model", text_model, "--prompt", ""),
+                      r"--prompt '' is empty; give some text")
+
+
+# ----------------------------------------------------- item 7: chat templates that fail
+@pytest.mark.parametrize("template,pattern", [
+    ("{{ 1/0 }}", r"ZeroDivisionError"),
+    ("{{ 'a' + 1 }}", r"TypeError"),
+    ("{% include 'other.jinja' %}", r"fails while rendering"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", r"RecursionError"),
+    ("{{ 'x' * 10**12 }}", r"exponent|repeat"),
+    ("{{ 'x' * 1000000000000 }}", r"repeat of 1,000,000,000,000 items"),
+    ("{% for i in range(99999) %}{{ 'y' * 1000 }}{% endfor %}",
+     r"rendered prompt passes 16,777,216 characters"),
+    ("{% for i in range(10**9) %}{% endfor %}", r"range too big|exponent|fails"),
+])
+def test_a_failing_chat_template_is_a_template_error_naming_the_file(tmp_path, template,
+                                                                     pattern):
+    pytest.importorskip("tokenizers")
+    from qwen38gen.errors import UserError
+    from qwen38gen.tokenizer import load_tokenizer
+    from tests.test_tokenizer import small_model_dir
+
+    d = small_model_dir(tmp_path / "m", template_in="jinja")
+    (d / "chat_template.jinja").write_text(template)
+    tok = load_tokenizer(d)
+    with pytest.raises(UserError, match=r"chat template '.*/m/chat_template\.jinja'.*" + pattern):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_a_chat_template_that_is_not_utf8_is_named(tmp_path):
+    pytest.importorskip("tokenizers")
+    from qwen38gen.errors import UserError
+    from qwen38gen.tokenizer import load_tokenizer
+    from tests.test_tokenizer import small_model_dir
+
+    d = small_model_dir(tmp_path / "m", template_in="jinja")
+    (d / "chat_template.jinja").write_bytes(b"{{ 'a' }}\xff")
+    with pytest.raises(UserError, match=r"chat template '.*chat_template\.jinja' is not UTF-8"):
+        load_tokenizer(d)
+
+
+# ------------------------------------------------------------ item 9: odd configs and lines
+@pytest.mark.parametrize("group,pattern", [
+    ("[]", r"quantization_config\.config_groups\.g is \[\]; only a JSON object"),
+    ('{"format": "pack-quantized", "weights": 4}',
+     r"config_groups\.g\.weights is 4; only a JSON object"),
+])
+def test_a_compressed_tensors_group_that_is_not_an_object(capsys, tmp_path, group, pattern):
+    from qwen38gen.config import PRESETS
+
+    raw = PRESETS["tiny"].to_hf_dict()
+    raw["quantization_config"] = {"quant_method": "compressed-tensors",
+                                  "config_groups": {"g": json.loads(group)}}
+    d = tmp_path / "ct"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(raw))
+    assert_user_error(*invoke(capsys, "quantize", d, "-o", tmp_path / "q"), pattern)
+    assert names(tmp_path) == ["ct"]
+
+
+def test_an_unreadable_config_is_one_line(readonly_dir, tmp_path):
+    ro, prefix = readonly_dir
+    if prefix:   # root reads a file of mode 0 through CAP_DAC_READ_SEARCH too
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "config.json").chmod(0)
+    try:
+        rc, out, err = run_cli("info", tmp_path / "m", cwd=tmp_path, prefix=prefix)
+    finally:
+        (tmp_path / "m" / "config.json").chmod(0o644)
+    assert_user_error(rc, out, err, r"config file '.*/m/config\.json' cannot be read: "
+                                    r"Permission denied")
+
+
+def test_a_config_that_is_a_device_is_not_said_missing(capsys):
+    assert_user_error(*invoke(capsys, "info", "--model", "/dev/null"),
+                      r"'/dev/null' is not a regular file")
+
+
+@pytest.mark.parametrize("line,pattern", [
+    ("[" * 100_000 + "]" * 100_000, r"line 1: not a request JSON can hold \(RecursionError"),
+    ('{"prompt_ids": [' + "9" * 5000 + "]}", r"line 1: not a request JSON can hold"),
+])
+def test_a_request_line_json_cannot_hold(capsys, tmp_path, line, pattern):
+    (tmp_path / "r.jsonl").write_text(line + "\n")
+    assert_user_error(*invoke(capsys, *run_args("--prompts", tmp_path / "r.jsonl")), pattern)
+
+
+def test_quantize_onto_an_empty_readonly_folder(readonly_dir, tmp_path):
+    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from tests.test_file_modes import SMALL
+
+    ro, prefix = readonly_dir
+    save_checkpoint(SMALL, synthetic_weights(SMALL, 1), tmp_path / "hf")
+    rc, out, err = run_cli("quantize", tmp_path / "hf", "-o", ro, cwd=tmp_path, prefix=prefix)
+    assert_user_error(rc, out, err, r"cannot replace '.*/ro': Permission denied")
+    assert names(tmp_path) == ["hf", "ro"] and names(ro) == []
+
+
+# ------------------------------------------------------ item 10: what does nothing is refused
+@pytest.mark.parametrize("opt", ["--max-tokens", "--temperature", "--top-k", "--top-p",
+                                 "--min-p"])
+def test_a_zero_sampling_option_with_prompts_is_refused(capsys, tmp_path, opt):
+    req = requests(tmp_path / "r.jsonl")
+    assert_user_error(*invoke(capsys, *run_args("--prompts", req, opt, "0")),
+                      rf"{opt} goes with --prompt; in a --prompts file each line sets its own")
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("generate", "--think"), r"--think is the chat template's thinking mode; it needs --chat"),
+    (("golden", "--candidate", "c.json"), r"--candidate is where --update also writes"),
+    (("emit", "--batch", "2", "--stdout", "-o", "x.cu"), r"give --stdout .* or -o FILE\.cu"),
+])
+def test_an_option_that_would_do_nothing_is_refused(capsys, tmp_path, monkeypatch, args,
+                                                    pattern):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(*invoke(capsys, *args), pattern)
+    assert names(tmp_path) == []
+
+
+@pytest.mark.parametrize("field,value", [("temperature", 1e308), ("top_p", 1e39),
+                                         ("min_p", -1e300)])
+def test_sampling_numbers_are_checked_in_float32(capsys, tmp_path, field, value):
+    (tmp_path / "r.jsonl").write_text(json.dumps({"prompt_ids": [1], field: value}) + "\n")
+    assert_user_error(*invoke(capsys, *run_args("--prompts", tmp_path / "r.jsonl")),
+                      rf"line 1: {field} .* overflows float32")
