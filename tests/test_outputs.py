@@ -35,7 +35,7 @@ def test_a_fifo_is_written_in_place_never_replaced(tmp_path):
     fifo = tmp_path / "p"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
     reader.start()
     O.write_text(fifo, "line\n")
     reader.join(10)

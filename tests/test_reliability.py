@@ -91,7 +91,7 @@ def test_run_writes_a_fifo_in_place(capsys, tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
     reader.start()
     rc, out, err = invoke(capsys, *run_args("--prompts", req, "--output", fifo))
     reader.join(30)
