@@ -243,7 +243,11 @@ class CheckpointReader:
                 wmap = raw["weight_map"]
                 if not isinstance(wmap, dict):
                     raise TypeError("weight_map is not an object")
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                bad = [(k, v) for k, v in wmap.items() if not isinstance(v, str) or not v]
+                if bad:
+                    raise TypeError(f"weight_map[{bad[0][0]!r}] is {bad[0][1]!r}, not a shard "
+                                    "file name")
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
                 raise UserError(f"index file {str(index)!r} is not a valid safetensors index: "
                                 f"{type(e).__name__}: {e}") from None
             files = sorted(set(wmap.values()))
