@@ -143,14 +143,16 @@ def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
 
 # ------------------------------------------------------------------------------------ generate
 def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
+    import re
+
     parts = [t.strip() for t in s.split(",")]
-    if any(not t.lstrip("-").isdigit() for t in parts if t) or any(" " in t for t in parts):
+    if not any(parts):
+        raise UserError(f"{opt} is empty; give at least one token id, e.g. {opt} 1,2,3")
+    # ASCII digits only ('１２' and '²' are digits to str.isdigit); no empty item ('1,,2')
+    if not all(re.fullmatch(r"-?[0-9]{1,18}", t) for t in parts):
         raise UserError(f"{opt} {s!r} is not a comma-separated list of token ids "
                         "(e.g. 1,2,3)")
-    ids = [int(t) for t in parts if t]
-    if not ids:
-        raise UserError(f"{opt} is empty; give at least one token id, e.g. {opt} 1,2,3")
-    return ids
+    return [int(t) for t in parts]
 
 
 def _memory_available() -> int | None:

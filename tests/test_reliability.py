@@ -437,3 +437,35 @@ def test_sampling_numbers_are_checked_in_float32(capsys, tmp_path, field, value)
     (tmp_path / "r.jsonl").write_text(json.dumps({"prompt_ids": [1], field: value}) + "\n")
     assert_user_error(*invoke(capsys, *run_args("--prompts", tmp_path / "r.jsonl")),
                       rf"line 1: {field} .* overflows float32")
+
+
+# ------------------------------------------------------------------------ item 11: messages
+@pytest.mark.parametrize("ids", ["1,,2", "1,2,", "１２", "²", "1 2"])
+def test_prompt_ids_are_ascii_digits_and_no_empty_item(capsys, ids):
+    assert_user_error(*invoke(capsys, "generate", "--prompt-ids", ids, "--steps", "1"),
+                      r"--prompt-ids .* is not a comma-separated list of token ids")
+
+
+@pytest.mark.parametrize("var", ["QWEN38_SWIGLU_FUSE", "QWEN38_OUT_XT", "QWEN38_GDN_GW"])
+def test_garbage_in_an_on_off_variable_is_refused(capsys, tmp_path, monkeypatch, var):
+    monkeypatch.setenv(var, "yes")
+    assert_user_error(*invoke(capsys, "emit", "--batch", "2", "-o", tmp_path / "x.cu"),
+                      rf"{var}='yes': use 0 \(off\) or 1 \(on, the default\)")
+    assert names(tmp_path) == []
+
+
+def test_pdl_garbage_is_refused(monkeypatch):
+    from qwen38gen import launch
+    from qwen38gen.errors import UserError
+
+    monkeypatch.setenv("QWEN38_PDL", "off")
+    with pytest.raises(UserError, match=r"QWEN38_PDL='off': use 0 \(off\) or 1"):
+        launch.enabled()
+    monkeypatch.setenv("QWEN38_PDL", "0")
+    assert launch.enabled() is False
+
+
+def test_a_tune_file_that_is_a_device_is_not_read_forever(capsys, tmp_path):
+    assert_user_error(*invoke(capsys, "emit", "--batch", "2", "-o", tmp_path / "x.cu",
+                              "--tune-file", "/dev/zero"),
+                      r"tune file '/dev/zero' is not a regular file")
