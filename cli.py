@@ -491,8 +491,9 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
                          think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos or None)
-    ctx = S.default_ctx(reqs) if ctx is None else ctx
-    S.check_requests(reqs, cfg, ctx, lanes.mtp)
+    ctx_given = ctx is not None
+    ctx = ctx if ctx_given else S.default_ctx(reqs)
+    S.check_requests(reqs, cfg, ctx, lanes.mtp, ctx_given)
     # Both outputs' temp files exist before any work: an unwritable target fails now.
     sink = S.LineSink(output, sys.stdout)
     summary_out = O.Target(json_out) if json_out else None

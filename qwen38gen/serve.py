@@ -44,8 +44,11 @@ def default_ctx(requests) -> int:
     return max(len(r.prompt) + r.max_tokens - 1 for r in requests)
 
 
-def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
-    """What no backend may start with: sampling under --mtp, a context the model cannot hold."""
+def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int,
+                   ctx_given: bool = True) -> None:
+    """What no backend may start with: sampling under --mtp, a context the model cannot hold.
+    Where the context was not given (``default_ctx``), a request too long is named with its
+    fields, not blamed on a --ctx the user never wrote."""
     if mtp:
         s = next((r for r in requests if not r.sampling.greedy), None)
         if s is not None:
@@ -53,6 +56,12 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
                             f"{s.sampling.temperature}); drop --mtp or set temperature 0")
         raise UserError("run's engine drives the plain decode program; a --mtp program "
                         "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+    if not ctx_given and ctx > cfg.max_position_embeddings:
+        r = max(requests, key=lambda r: len(r.prompt) + r.max_tokens)
+        raise UserError(f"request {r.id!r}: a prompt of {len(r.prompt)} tokens and max_tokens "
+                        f"{r.max_tokens} need {len(r.prompt) + r.max_tokens - 1} positions; "
+                        f"{cfg.name!r} holds {cfg.max_position_embeddings} "
+                        "(max_position_embeddings): lower max_tokens or shorten the prompt")
     if not 1 <= ctx <= cfg.max_position_embeddings:
         raise UserError(f"--ctx {ctx} must be in 1..{cfg.max_position_embeddings}")
     for r in requests:

@@ -469,3 +469,12 @@ def test_a_tune_file_that_is_a_device_is_not_read_forever(capsys, tmp_path):
     assert_user_error(*invoke(capsys, "emit", "--batch", "2", "-o", tmp_path / "x.cu",
                               "--tune-file", "/dev/zero"),
                       r"tune file '/dev/zero' is not a regular file")
+
+
+def test_a_huge_max_tokens_is_named_on_its_request_not_on_ctx(capsys, tmp_path):
+    (tmp_path / "r.jsonl").write_text(json.dumps({"id": "big", "prompt_ids": [1, 2],
+                                                  "max_tokens": 10**9}) + "\n")
+    rc, out, err = invoke(capsys, *run_args("--prompts", tmp_path / "r.jsonl"))
+    assert_user_error(rc, out, err, r"request 'big': a prompt of 2 tokens and max_tokens "
+                                    r"1000000000 need 1000000001 positions; 'tiny' holds \d+")
+    assert "--ctx" not in err
