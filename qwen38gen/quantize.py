@@ -259,4 +259,13 @@ def load_any(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     d = Path(model_dir)
     if (d / QUANT_JSON).exists():
         return dequantized_weights(load_quantized(d, cfg))
+    try:
+        qconf = read_quant_config(json.loads((d / "config.json").read_text()))
+    except (OSError, ValueError, RecursionError, AttributeError):
+        qconf = None   # load_checkpoint names what is wrong with the folder
+    if qconf is not None:
+        method = qconf.get("quant_method", "quantized")
+        raise UserError(f"{str(d)!r} is a {method} int4 checkpoint, which the reference reads "
+                        f"once imported: qwen38gen quantize {d} -o {d.name}-q4, then give "
+                        f"{d.name}-q4")
     return {n: np.asarray(v).astype(np.float32) for n, v in load_checkpoint(d, cfg).items()}

@@ -478,3 +478,17 @@ def test_a_huge_max_tokens_is_named_on_its_request_not_on_ctx(capsys, tmp_path):
     assert_user_error(rc, out, err, r"request 'big': a prompt of 2 tokens and max_tokens "
                                     r"1000000000 need 1000000001 positions; 'tiny' holds \d+")
     assert "--ctx" not in err
+
+
+def test_a_gptq_folder_given_as_weights_says_to_quantize(tmp_path):
+    from qwen38gen.config import PRESETS
+    from qwen38gen.errors import UserError
+    from qwen38gen.quantize import load_any
+
+    raw = PRESETS["tiny"].to_hf_dict()
+    raw["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=r"is a gptq int4 checkpoint.*qwen38gen quantize .*/g "
+                                        r"-o g-q4"):
+        load_any(tmp_path / "g", PRESETS["tiny"])
