@@ -1,6 +1,8 @@
 """qwen38gen command line: parse options, call the package, print with rich, set the exit code.
 
-Exit codes: 0 ok; 1 a check or the gate failed; 2 a user's mistake (one line, no traceback).
+Exit codes: 0 ok; 1 a check or the gate failed; 2 a user's mistake or a file or stream that
+cannot be used (one line, no traceback); 128 + the signal when interrupted (130 SIGINT, 129
+SIGHUP, 143 SIGTERM: temp files removed, child processes killed; qwen38gen/interrupt.py).
 """
 
 from __future__ import annotations

@@ -27,6 +27,22 @@ SEED = int(os.environ.get("QWEN38_FUZZ_SEED", "40"))
 SECONDS = float(os.environ.get("QWEN38_FUZZ_SECONDS", "15"))
 
 
+@pytest.fixture(autouse=True)
+def bounded_memory():
+    """A case that would take the machine's memory is a MemoryError here (a finding), not the
+    out-of-memory killer's business."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    limit = 8 << 30
+    if old[0] == resource.RLIM_INFINITY or old[0] > limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
+
+
 def outcome(capsys, args) -> tuple[int, str, str] | str:
     """(exit code, stdout, stderr), or the traceback of an exception that escaped main."""
     try:
