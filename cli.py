@@ -1,10 +1,13 @@
 """qwen38gen command line: parse options, call the package, print with rich, set the exit code.
 
-Exit codes: 0 ok; 1 a check or the gate failed; 2 a user's mistake (one line, no traceback).
+Exit codes: 0 ok; 1 a check or the gate failed; 2 a user's mistake or a file or stream that
+cannot be used (one line, no traceback); 128 + the signal when interrupted (130 SIGINT, 129
+SIGHUP, 143 SIGTERM: temp files removed, child processes killed; qwen38gen/interrupt.py).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -16,16 +19,41 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from qwen38gen import __version__
 from qwen38gen import report as R
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import DEFAULT_ARCH
 
-# Piped or logged output (no terminal to size it by) gets 200 columns rather than rich's 80, so
-# that the bench and gate tables keep every digit in a log; a terminal keeps its own width.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _isatty(f) -> bool:
+    try:
+        return f.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class _StdoutConsole(Console):
+    """The console of stdout, which it finds when it prints (stdout may be closed when this
+    module is imported; pytest swaps it). Piped or logged output (no terminal to size it by)
+    gets 200 columns rather than rich's 80, so that the bench and gate tables keep every digit
+    in a log; a terminal keeps its own width."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        if self._width is None and not _isatty(sys.stdout):
+            return ConsoleDimensions(200, size.height)
+        return size
+
+    @size.setter
+    def size(self, new) -> None:
+        Console.size.fset(self, new)
+
+
+out = _StdoutConsole(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -84,6 +112,7 @@ def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from qwen38gen.config import load_config
+    from qwen38gen.outputs import check_folder_pair
     from qwen38gen.quantize import quantize_checkpoint
 
     if model_dir is None and model_opt is None:
@@ -95,6 +124,7 @@ def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
     model_dir = model_dir or model_opt
     if not model_dir.is_dir():
         raise UserError(f"checkpoint folder {str(model_dir)!r} does not exist or is not a folder")
+    check_folder_pair(model_dir, out_dir)   # before anything else: -o may not hold the source
     load_config(model_dir)  # a bad config.json fails here, before the progress bar starts
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[tensor]}"), console=err, transient=True) as prog:
@@ -114,14 +144,16 @@ def quantize(model_dir, model_opt, out_dir, overwrite, no_mtp):
 
 # ------------------------------------------------------------------------------------ generate
 def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
+    import re
+
     parts = [t.strip() for t in s.split(",")]
-    if any(not t.lstrip("-").isdigit() for t in parts if t) or any(" " in t for t in parts):
+    if not any(parts):
+        raise UserError(f"{opt} is empty; give at least one token id, e.g. {opt} 1,2,3")
+    # ASCII digits only ('１２' and '²' are digits to str.isdigit); no empty item ('1,,2')
+    if not all(re.fullmatch(r"-?[0-9]{1,18}", t) for t in parts):
         raise UserError(f"{opt} {s!r} is not a comma-separated list of token ids "
                         "(e.g. 1,2,3)")
-    ids = [int(t) for t in parts if t]
-    if not ids:
-        raise UserError(f"{opt} is empty; give at least one token id, e.g. {opt} 1,2,3")
-    return ids
+    return [int(t) for t in parts]
 
 
 @cli.command()
@@ -159,6 +191,8 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     if steps < 0:
         raise UserError(f"--steps {steps} must be ≥ 0")
     cfg, weights_dir, tok, tok_dir = _model_weights_tokenizer(model, weights_dir)
+    if think and not chat:
+        raise UserError("--think is the chat template's thinking mode; it needs --chat")
     if chat and tok is None:
         raise UserError("--chat needs the model folder's tokenizer.json and chat template")
     ids = [_parse_ids(p) for p in prompt_ids]
@@ -171,9 +205,17 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
                                 "folder with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
             ids.append(_parse_ids(p, "--prompt"))
         else:
-            msgs = [{"role": "user", "content": p}]
-            text = tok.render_chat(msgs, enable_thinking=think) if chat else p
-            ids.append(tok.encode(text))
+            where = f"--prompt {p[:40]!r}"
+            if not p:
+                raise UserError("--prompt '' is empty; give some text")
+            try:
+                msgs = [{"role": "user", "content": p}]
+                text = tok.render_chat(msgs, enable_thinking=think) if chat else p
+                ids.append(tok.encode(text))
+            except UserError as e:
+                raise UserError(f"{where}: {e}") from None
+            if not ids[-1]:
+                raise UserError(f"{where} encodes to no tokens; give some text")
     if not ids:
         ids = [[1, 2, 3, 4, 5]]
     for p in ids:
@@ -254,6 +296,9 @@ def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tun
     from qwen38gen.emit import emit_program, write_program
     from qwen38gen.lanes import Lanes
 
+    if to_stdout and output is not None:
+        raise UserError("emit: give --stdout (print the program) or -o FILE.cu (write it and its "
+                        "manifest), not both")
     cfg = resolve_model(model).config
     lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
                        tuning=_tuning(tune, tune_file))
@@ -261,7 +306,8 @@ def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tun
     if to_stdout:
         sys.stdout.write(prog.source)
         return
-    cu, man = write_program(prog, output)
+    cu, man = write_program(prog, output, {"--model": _model_path(model),
+                                           "--tune-file": tune_file})
     out.print(f"wrote {cu} ({len(prog.source):,} bytes, {len(prog.manifest['kernels'])} kernels) "
               f"and {man}")
 
@@ -383,21 +429,47 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
 
     One JSON line per request as it finishes (stdout or --output; with "text" when the model
     folder has a tokenizer), a progress bar and the throughput on stderr."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
+    from qwen38gen import outputs as O
     from qwen38gen.serve import run as S
-    from qwen38gen.emit import atomic_write
-    from qwen38gen.serve.engine import Engine
 
+    O.check_outputs({"--output": output, "--json": json_out},
+                    {"--prompts": prompts_file, "--tune-file": lane_kw.get("tune_file"),
+                     "--weights": weights_dir, "--model": _model_path(model)})
     cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
     reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
                          think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos or None)
-    ctx = S.default_ctx(reqs) if ctx is None else ctx
-    S.check_requests(reqs, cfg, ctx, lanes.mtp)
+    ctx_given = ctx is not None
+    ctx = ctx if ctx_given else S.default_ctx(reqs)
+    S.check_requests(reqs, cfg, ctx, lanes.mtp, ctx_given)
+    # Both outputs' temp files exist before any work: an unwritable target fails now.
+    sink = S.LineSink(output, sys.stdout)
+    summary_out = O.Target(json_out) if json_out else None
+    try:
+        if summary_out is not None:
+            summary_out.open()
+        _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out)
+    finally:
+        sink.discard()
+        if summary_out is not None:
+            summary_out.discard()
+
+
+def _model_path(model):
+    """--model as a path, where it names an existing file or folder (else None: a preset)."""
+    return model if model is not None and os.path.exists(model) else None
+
+
+def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out):
+    """run's work once its outputs are open: build the backend, run, commit the outputs."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from qwen38gen.serve import run as S
+    from qwen38gen.serve.engine import Engine
+
     tensors = S.float_tensors(cfg, weights_dir, seed)
     if backend == "reference":
         from contextlib import nullcontext
@@ -414,28 +486,24 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
         eng = Engine(be, S.eos_ids(cfg, tok))
-        sink = S.LineSink(output, sys.stdout)
-        try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[toks]} tokens"), console=err,
-                          transient=True, disable=not err.is_terminal) as prog:
-                task = prog.add_task(f"run ({backend})", total=len(reqs), toks=0)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[toks]} tokens"), console=err,
+                      transient=True, disable=not err.is_terminal) as prog:
+            task = prog.add_task(f"run ({backend})", total=len(reqs), toks=0)
 
-                def done(res):
-                    sink.write(S.record(res, tok))
-                    prog.update(task, advance=1, toks=eng.stats.output_tokens)
+            def done(res):
+                sink.write(S.record(res, tok))
+                prog.update(task, advance=1, toks=eng.stats.output_tokens)
 
-                t0 = time.perf_counter()
-                eng.run(reqs, on_finish=done)   # checks every request before the first step
-                seconds = time.perf_counter() - t0
-        except BaseException:
-            sink.discard()
-            raise
-        sink.commit()
+            t0 = time.perf_counter()
+            eng.run(reqs, on_finish=done)   # checks every request before the first step
+            seconds = time.perf_counter() - t0
+    sink.commit()
     d = S.summary(eng.stats, seconds, cfg, backend, lanes.name)
     err.print(S.summary_line(d), markup=False)
-    if json_out:
-        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
+    if summary_out is not None:
+        summary_out.write(json.dumps(d, indent=1) + "\n")
+        summary_out.commit()
 
 
 def _model_weights_tokenizer(model, weights_dir):
@@ -476,7 +544,8 @@ def _run_requests(prompts_file, texts, cfg, tok, sampling_seed, **opts):
     command line's parameters (which a file's lines set for themselves)."""
     from qwen38gen.serve.requests import prompt_requests, read_requests
 
-    given = [k for k in _PROMPT_ONLY if opts[k]]   # flags False, options None when not given
+    # flags False, options None when not given (a 0 is given: it must not be dropped silently)
+    given = [k for k in _PROMPT_ONLY if opts[k] is not None and opts[k] is not False]
     if texts and prompts_file is not None:
         raise UserError("give the prompts either as --prompt TEXT (repeatable) or as a "
                         "--prompts FILE of JSON lines, not both")
@@ -517,6 +586,9 @@ def golden_cmd(update, candidate, golden_dir):
     from qwen38gen.verify.check import update_golden, validate_golden
 
     cols = ("seq", "prompt", "steps", "max |Δlogit| / σ", "argmax", "status")
+    if candidate is not None and not update:
+        raise UserError("--candidate is where --update also writes its new runs; give --update "
+                        "with it")
     if update:
         res, path = update_golden(candidate=candidate, folder=golden_dir)
         _outcome_table("golden vs numpy reference", cols, res)
@@ -695,8 +767,10 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
-    from qwen38gen.emit import atomic_write
+    from qwen38gen.outputs import check_outputs, write_text
 
+    check_outputs({"--json": json_out, "--plot": plot_out},
+                  {"--model": _model_path(model), "--tune-file": tune_file})
     cfg = load_config(model)
     bs = _int_list(batches, "--batch")
     if reps < 20:
@@ -728,7 +802,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
         d["pdl"] = launch.enabled()
         if pr is not None:
             d["peers"] = pr
-        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
+        write_text(json_out, json.dumps(d, indent=1) + "\n", name="--json")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
 
@@ -738,8 +812,8 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     import subprocess
 
     from qwen38gen.perf import bench_mtp as Mm
-    from qwen38gen.emit import atomic_write
     from qwen38gen.lanes import Lanes
+    from qwen38gen.outputs import write_text
 
     Lanes.make(1, mtp=k)  # a bad K fails here, before any GPU work
     with err.status("bench --mtp") as st:
@@ -751,7 +825,8 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     if json_out:
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip()
-        atomic_write(Path(json_out), json.dumps(Mm.to_json(cfg, ctx, rows, dev), indent=1) + "\n")
+        write_text(json_out, json.dumps(Mm.to_json(cfg, ctx, rows, dev), indent=1) + "\n",
+                   name="--json")
 
 
 def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
@@ -786,8 +861,11 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
     run, then predictions for today's program and the persistent step. Model, not measurement."""
     from qwen38gen.perf import perfmodel as P
     from qwen38gen.config import load_config
-    from qwen38gen.emit import atomic_write
+    from qwen38gen.outputs import check_outputs, write_text
 
+    check_outputs({"--json": json_out},
+                  {"--model": _model_path(model), "--measured": measured_file,
+                   "--calibration": calibration_file})
     bs = P.parse_batches(batches)
     if design not in P.DESIGNS:
         raise UserError(f"--design {design!r} is unknown; choose one of {', '.join(P.DESIGNS)}")
@@ -804,26 +882,112 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
         d = {"model": cfg.name, "ctx": ctx, "design": design, "prediction_unit": "s",
              "fit": fit.to_json(),
              "predictions": [p.to_json() for p in preds]}
-        atomic_write(Path(json_out), json.dumps(d, indent=1) + "\n")
+        write_text(json_out, json.dumps(d, indent=1) + "\n", name="--json")
+
+
+class _ClosedStdout:
+    """sys.stdout when file descriptor 1 was closed before the start (Python gives None): a
+    command that writes nothing there still runs; one that does stops with a one-line error."""
+
+    def write(self, text):
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def _say(line: str) -> None:
+    """One line on stderr, even where stderr is closed or broken (then nothing)."""
+    try:
+        err.print(line, markup=False)
+    except (OSError, ValueError):
+        pass
+
+
+def _drop_stdout() -> None:
+    """After a failed write to stdout: point it at /dev/null, so that Python's last flush at
+    exit finds nothing to fail on (no 'Exception ignored' after our one line)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _os_error_line(e: OSError) -> str:
+    what = e.strerror or str(e)
+    if e.filename is not None:
+        return f"error: {str(e.filename)!r}: {what}"
+    return f"error: cannot write to standard output: {what}"
+
+
+def _interrupted_line(e) -> str:
+    from qwen38gen.outputs import written
+
+    done = written()
+    if not done:
+        return f"interrupted by {e.name}; nothing was written"
+    return (f"interrupted by {e.name} after {', '.join(repr(p) for p in done)} "
+            f"{'was' if len(done) == 1 else 'were'} written completely")
+
+
+def _run(argv):
+    """The command's exit code; every failure a user can meet is one line on stderr: a
+    UserError, a usage error, an OSError (a full disk, a closed or broken stdout, an unreadable
+    file) or a signal (interrupt.py)."""
+    from qwen38gen.interrupt import Interrupted
+
+    stdout = sys.stdout
+    try:
+        try:
+            rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)
+            code = rv if isinstance(rv, int) else 0
+        except SystemExit as e:
+            code = e.code
+            if sys.stdout is not stdout and code == 1:
+                # click's answer to EPIPE on stdout: wrap the streams, exit 1 with nothing said
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)) from None
+        sys.stdout.flush()   # a full disk or a closed pipe on stdout shows here, not at exit
+        return code
+    except UserError as e:
+        _say(f"error: {e}")
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.UsageError as e:
+        _say(f"error: {e.format_message()}")
+        return 2
+    except Interrupted as e:
+        _say(_interrupted_line(e))
+        return e.exit_code
+    except click.Abort:
+        _say("aborted")
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:   # BrokenPipeError and ENOSPC on stdout included
+        _drop_stdout()
+        _say(_os_error_line(e))
+        return 2
 
 
 def main(argv=None):
+    from qwen38gen import interrupt
+    from qwen38gen.outputs import forget_written
+
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+    forget_written()
     try:
-        rv = cli.main(args=argv, prog_name="qwen38gen", standalone_mode=False)
-        sys.exit(rv if isinstance(rv, int) else 0)
-    except UserError as e:
-        err.print(f"error: {e}", markup=False)
-        sys.exit(2)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.UsageError as e:
-        err.print(f"error: {e.format_message()}", markup=False)
-        sys.exit(2)
-    except click.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        with interrupt.handling():
+            code = _run(argv)
+    except interrupt.Interrupted as e:   # a signal between the command's end and here
+        code = e.exit_code
+    sys.exit(code)
 
 
 if __name__ == "__main__":

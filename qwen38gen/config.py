@@ -501,11 +501,14 @@ class ModelConfig:
         if p.is_dir():
             p = p / "config.json"
         if not p.is_file():
-            raise UserError(f"config file {str(p)!r} does not exist; pass a preset "
+            what = "is not a regular file" if p.exists() else "does not exist"
+            raise UserError(f"config file {str(p)!r} {what}; pass a preset "
                             f"({', '.join(PRESETS)}), a config.json or a model folder holding one")
         try:
             raw = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except OSError as e:
+            raise UserError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
+        except (ValueError, RecursionError) as e:   # bad JSON, bad UTF-8, a 5000-digit number
             raise UserError(f"config file {str(p)!r} is not valid JSON: {e}") from None
         return cls.from_hf_dict(raw, name=p.parent.name or p.stem)
 

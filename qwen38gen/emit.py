@@ -11,9 +11,7 @@ same inputs give the same bytes.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .lanes import Lanes, check_model, lane_name
 from .manifest import MANIFEST_FORMAT
+from .outputs import write_files
 from .plan.program import plan_program
 from .source import HEADER_END, kernels_dir
 
@@ -122,71 +121,16 @@ def emit_program(cfg: ModelConfig, lanes: Lanes, trace: bool = False) -> Program
     return Program(cfg, lanes, source, manifest)
 
 
-def umask() -> int:
-    """The process's umask: Linux shows it in /proc/self/status; elsewhere it is set and put
-    back (no call only reads it), which a thread creating a file at that instant could see."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _check_target(path: Path) -> None:
-    """Refuse a target that is a folder or lies under a file, naming which."""
-    if path.is_dir():
-        raise UserError(f"cannot write {str(path)!r}: it is a folder; give a file name")
-    for p in path.parents:
-        if p.exists():
-            if not p.is_dir():
-                raise UserError(f"cannot write {str(path)!r}: {str(p)!r} is a file, not a folder")
-            return
-
-
-def atomic_write_all(files: dict[Path, str]) -> None:
-    """Write each text to a temp file beside its path, then rename them all into place: nothing
-    is half-written, and a failure before the renames leaves no target touched and no temp
-    behind. Files get mode 0o666 less the umask, as open() would give them (mkstemp's is 0600).
-    An unwritable target is a UserError naming it."""
-    mode = 0o666 & ~umask()
-    temps: list[tuple[str, Path]] = []
-    try:
-        for path, text in files.items():
-            _check_target(path)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-                temps.append((tmp, path))
-                with os.fdopen(fd, "w") as f:
-                    os.fchmod(f.fileno(), mode)
-                    f.write(text)
-            except OSError as e:
-                raise UserError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
-        for tmp, path in temps:
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp, _ in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write one file atomically (atomic_write_all)."""
-    atomic_write_all({Path(path): text})
-
-
-def write_program(prog: Program, output: Path | None) -> tuple[Path, Path]:
-    """Write FILE.cu and FILE.manifest.json together: both to temp files, then both renamed."""
+def write_program(prog: Program, output: Path | None,
+                  inputs: dict | None = None) -> tuple[Path, Path]:
+    """Write FILE.cu and FILE.manifest.json together (outputs.write_files): both to temp files,
+    then the manifest renamed and the .cu after it with signals deferred, so a new .cu never sits
+    beside an old manifest. ``inputs`` (option -> path) may not be written over."""
     cu = Path(output) if output else Path(prog.name + ".cu")
     if cu.suffix != ".cu":
         raise UserError(f"output {str(cu)!r} must end in .cu")
     man = cu.with_suffix(".manifest.json")
-    atomic_write_all({cu: prog.source,
-                      man: json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n"})
+    write_files({cu: prog.source,
+                 man: json.dumps(prog.manifest, indent=1, sort_keys=True) + "\n"},
+                inputs, ["-o", "the manifest"])
     return cu, man

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .interrupt import run_group
 from .plan.arch import ArchFacts, arch_facts
 from .source import HEADER_END, kernels_dir
 
@@ -192,7 +193,7 @@ def compile_source(source: str, name: str, arch: str = "sm_90", manifest: dict |
             src.write_text(source)
             out = Path(tmp) / "program.cubin"
             cmd = [nvcc, *flags, "-o", str(out), str(src)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = run_group(cmd)   # its own process group, killed whole on a signal
             log = proc.stdout + proc.stderr
             if proc.returncode != 0:
                 kept = slot.parent / f"failed-{key}.cu"

@@ -99,10 +99,14 @@ def check_quant_config(q: dict) -> str:
             _refuse("config_groups", groups, "one or more config groups")
         for gname, g in groups.items():
             where = f"config_groups.{gname}"
+            if not isinstance(g, dict):
+                _refuse(where, g, "a JSON object (format, weights, targets)")
             fmt = g.get("format", q.get("format"))
             if fmt != "pack-quantized":
                 _refuse(f"{where}.format", fmt, "pack-quantized")
             w = g.get("weights") or {}
+            if not isinstance(w, dict):
+                _refuse(f"{where}.weights", w, "a JSON object (num_bits, type, group_size, …)")
             for k, want in (("num_bits", 4), ("type", "int"), ("symmetric", True),
                             ("strategy", "group"), ("group_size", GROUP)):
                 if w.get(k) != want:

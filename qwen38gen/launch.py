@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from .errors import UserError
+
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -38,7 +40,11 @@ class _Config(ctypes.Structure):
 
 
 def enabled() -> bool:
-    return os.environ.get("QWEN38_PDL", "1") != "0"
+    """QWEN38_PDL: 1 or unset (programmatic dependent launch on), 0 (off); else a UserError."""
+    v = os.environ.get("QWEN38_PDL", "1")
+    if v not in ("", "0", "1"):
+        raise UserError(f"QWEN38_PDL={v!r}: use 0 (off) or 1 (on, the default), or leave it unset")
+    return v != "0"
 
 
 def _c(v):

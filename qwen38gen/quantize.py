@@ -9,11 +9,8 @@ reference.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,11 +18,12 @@ from typing import Callable
 import numpy as np
 
 from .config import EMBED, LM_HEAD, ModelConfig, load_config
-from .emit import umask
 from .errors import UserError
 from .importer import (
     check_quant_config, check_sources, has_source, import_tensors, read_quant_config,
 )
+from .interrupt import handling
+from .outputs import check_folder_pair, umask
 from .weights import (
     DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
     check_packed, dequantize, quantize_pack,
@@ -62,25 +60,6 @@ class QuantizedTensor:
     def dequantize(self) -> np.ndarray:
         """float32 [N, K]."""
         return dequantize(self.qweight, self.scales, self.shape)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt while active, so a ``kill`` cleans up the temp folder the
-    way Ctrl-C does (``atomic_dir`` removes it on any exception). Main thread only; elsewhere a
-    no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def written_config(src: Path, mtp: bool) -> str:
@@ -126,6 +105,8 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
         raise UserError(f"checkpoint folder {str(src)!r} does not exist or is not a folder")
     if not (src / "config.json").is_file():
         raise UserError(f"checkpoint folder {str(src)!r} has no config.json")
+    out = Path(out_dir)
+    check_folder_pair(src, out)
     cfg = load_config(src)
     qconf = read_quant_config(json.loads((src / "config.json").read_text()))
     if qconf is not None:
@@ -145,13 +126,10 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path,
             raise UserError(f"tensor {n!r} has shape {list(shapes[n])}: int4 g128 needs K (the "
                             f"input dimension, {shapes[n][1]}) to be a multiple of 128; "
                             f"config {cfg.name!r} cannot be quantized")
-    out = Path(out_dir)
-    if out.absolute() == src.absolute():
-        raise UserError(f"output folder {str(out)!r} is the source folder; choose another")
     meta = dict(QUANT_META)
     if cfg.tie_word_embeddings:
         meta["lm_head"] = f"tied: int4 of {EMBED}"
-    with sigterm_as_interrupt(), atomic_dir(out, overwrite=overwrite) as tmp:
+    with handling(), atomic_dir(out, overwrite=overwrite) as tmp:
         tmp.chmod(0o777 & ~umask())   # mkdtemp's 0700: the folder gets what mkdir would give it
         w = ShardWriter(tmp, max_shard_bytes)
         if qconf is not None:
@@ -281,4 +259,13 @@ def load_any(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     d = Path(model_dir)
     if (d / QUANT_JSON).exists():
         return dequantized_weights(load_quantized(d, cfg))
+    try:
+        qconf = read_quant_config(json.loads((d / "config.json").read_text()))
+    except (OSError, ValueError, RecursionError, AttributeError):
+        qconf = None   # load_checkpoint names what is wrong with the folder
+    if qconf is not None:
+        method = qconf.get("quant_method", "quantized")
+        raise UserError(f"{str(d)!r} is a {method} int4 checkpoint, which the reference reads "
+                        f"once imported: qwen38gen quantize {d} -o {d.name}-q4, then give "
+                        f"{d.name}-q4")
     return {n: np.asarray(v).astype(np.float32) for n, v in load_checkpoint(d, cfg).items()}

@@ -76,9 +76,20 @@ class SamplingParams:
 
     def __post_init__(self):
         def num(name, v):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            # Checked in float32, the dtype of the program's sampling columns: 1e308 is inf there.
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise field_error(name, f"must be a finite number, got {v!r}")
-            return float(v)
+            try:
+                f = float(v)
+            except OverflowError:
+                f = math.inf
+            if not math.isfinite(f):
+                raise field_error(name, f"must be a finite number, got {v!r}")
+            with np.errstate(over="ignore"):
+                if not math.isfinite(np.float32(f)):
+                    raise field_error(name, f"{v!r} is out of range: it overflows float32 (the "
+                                      "sampling dtype); give a number of magnitude < 3.4e38")
+            return f
 
         t = num("temperature", self.temperature)
         if t < 0:

@@ -21,6 +21,13 @@ from .errors import UserError
 
 INSTALL = "pip install 'qwen38gen[text]'"
 
+# A rendered chat prompt longer than this is a template fault (a loop or a repeat run away), not
+# a prompt: rendering stops there. Far above any context the programs take.
+MAX_RENDERED_CHARS = 1 << 24
+# Operands of * and ** in a template are bounded: 'x' * 10**12 stops before it allocates.
+MAX_REPEAT = 1 << 20
+MAX_EXPONENT = 4096
+
 
 def _read_json(p: Path) -> dict:
     if not p.is_file():
@@ -45,15 +52,24 @@ class Tokenizer:
     """Text <-> ids and the chat template of one model folder (see the module docstring)."""
 
     def __init__(self, model_dir: Path, backend, config: dict, template: str | None,
-                 eos_ids: tuple[int, ...]):
+                 eos_ids: tuple[int, ...], template_file: Path | None = None):
         self.model_dir = model_dir
+        self.template_file = template_file or Path(model_dir) / "tokenizer_config.json"
         self._tok = backend
         self._config = config
         self.chat_template = template
         self.eos_ids = eos_ids
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` as written (special tokens in it are recognised; none is added)."""
+        """Ids of ``text`` as written (special tokens in it are recognised; none is added).
+        Text that is not Unicode (bytes of a command line that are not UTF-8, which Python keeps
+        as lone surrogates) is a UserError."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = text[e.start:e.end].encode("utf-8", "surrogateescape")
+            raise UserError(f"the text is not valid UTF-8 (byte 0x{raw[0]:02x} at character "
+                            f"{e.start}); give UTF-8 text, or token ids") from None
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int]) -> str:
@@ -68,39 +84,87 @@ class Tokenizer:
                             "(chat_template in tokenizer_config.json or chat_template.jinja)")
         import jinja2
         import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        where = f"chat template {str(self.template_file)!r}"
 
         def raise_exception(message):
-            raise UserError(f"chat template: {message}")
+            raise UserError(f"{where}: {message}")
 
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                               sort_keys=sort_keys)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+        env = _bounded_env()(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         specials = {k: _token_text(self._config.get(k))
                     for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                enable_thinking=enable_thinking, **specials)
+            chunks, n = [], 0
+            for c in env.from_string(self.chat_template).generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt,
+                    enable_thinking=enable_thinking, **specials):
+                n += len(c)
+                if n > MAX_RENDERED_CHARS:
+                    raise UserError(f"{where}: the rendered prompt passes {MAX_RENDERED_CHARS:,} "
+                                    "characters; the template runs away (check its loops)")
+                chunks.append(c)
+            return "".join(chunks)
+        except UserError:
+            raise
         except jinja2.TemplateError as e:
-            raise UserError(f"chat template of {str(self.model_dir)!r}: {e}") from None
+            raise UserError(f"{where}: {e}") from None
+        except (Exception, RecursionError, MemoryError) as e:   # {{1/0}}, {{'a'+1}}, include …
+            raise UserError(f"{where} fails while rendering: {type(e).__name__}: {e}") from None
 
 
-def _chat_template(d: Path, config: dict) -> str | None:
+def _bounded_env():
+    """jinja2's ImmutableSandboxedEnvironment with * and ** bounded (MAX_REPEAT, MAX_EXPONENT):
+    the sandbox already bounds range() and blocks attribute escapes, not a huge repeat."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class Env(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
+                raise SecurityError(f"exponent {right} is over {MAX_EXPONENT}")
+            if operator == "*":
+                for seq, k in ((left, right), (right, left)):
+                    if (isinstance(seq, (str, list, tuple)) and isinstance(k, int)
+                            and len(seq) * k > MAX_REPEAT):
+                        raise SecurityError(f"a repeat of {len(seq) * k:,} items is over "
+                                            f"{MAX_REPEAT:,}")
+            if (operator == "+" and isinstance(left, (str, list, tuple))
+                    and isinstance(right, (str, list, tuple))
+                    and len(left) + len(right) > MAX_RENDERED_CHARS):
+                raise SecurityError(f"a sum of {len(left) + len(right):,} items is over "
+                                    f"{MAX_RENDERED_CHARS:,}")
+            return super().call_binop(context, operator, left, right)
+
+    return Env
+
+
+def _chat_template(d: Path, config: dict) -> tuple[str | None, Path | None]:
+    """(the template, the file it is in)."""
     t = config.get("chat_template")
     if isinstance(t, list):   # [{"name": "default", "template": ...}, ...]
         named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
         t = named.get("default")
     if isinstance(t, str):
-        return t
+        return t, d / "tokenizer_config.json"
     f = d / "chat_template.jinja"
-    return f.read_text(encoding="utf-8") if f.is_file() else None
+    if not f.is_file():
+        return None, None
+    try:
+        return f.read_text(encoding="utf-8"), f
+    except UnicodeDecodeError as e:
+        raise UserError(f"chat template {str(f)!r} is not UTF-8 text ({e.reason} at byte "
+                        f"{e.start})") from None
+    except OSError as e:
+        raise UserError(f"chat template {str(f)!r} cannot be read: {e.strerror or e}") from None
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer | None:
@@ -130,4 +194,5 @@ def load_tokenizer(model_dir: Path) -> Tokenizer | None:
                                             for i in eos):
         raise UserError(f"{str(d / 'generation_config.json')!r}: eos_token_id {eos!r} must be "
                         "an id or a list of ids")
-    return Tokenizer(d, backend, config, _chat_template(d, config), tuple(eos))
+    template, template_file = _chat_template(d, config)
+    return Tokenizer(d, backend, config, template, tuple(eos), template_file)

@@ -228,6 +228,13 @@ def read_tune_file(path) -> list[str]:
     """KEY=VALUE settings of a --tune-file: one a line, '#' starts a comment."""
     p = Path(path)
     try:
+        if not p.is_file():   # /dev/zero or a FIFO would be read forever
+            raise UserError(f"tune file {str(path)!r} "
+                            f"{'is not a regular file' if p.exists() else 'does not exist'}; "
+                            "give a text file of KEY=VALUE lines")
+        if p.stat().st_size > 1 << 20:
+            raise UserError(f"tune file {str(path)!r} is over 1 MiB; give a text file of "
+                            "KEY=VALUE lines")
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"tune file {str(path)!r} cannot be read ({e.__class__.__name__}); give a "
@@ -272,7 +279,10 @@ def tuning_from_env(env=None) -> list[str]:
         out.append(f"gemv_zs={v}")
     for var, key in (("QWEN38_SWIGLU_FUSE", "swiglu_fuse"), ("QWEN38_OUT_XT", "out_xt"),
                      ("QWEN38_GDN_GW", "gdn_gw")):
-        if env.get(var, "") == "0":
+        v = env.get(var, "")
+        if v not in ("", "0", "1"):
+            raise UserError(f"{var}={v!r}: use 0 (off) or 1 (on, the default), or leave it unset")
+        if v == "0":
             out.append(f"{key}=0")
     v = env.get("QWEN38_WGMMA_ZS", "")
     want = (f"use kind=ZS pairs separated by commas, kind one of {', '.join(_ENV_KINDS)}, "

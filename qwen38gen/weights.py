@@ -28,6 +28,8 @@ from safetensors import safe_open
 
 from .config import EMBED, LM_HEAD, ModelConfig, canonical_name
 from .errors import UserError
+from .interrupt import critical
+from .outputs import note_written
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -130,18 +132,28 @@ def atomic_dir(out_dir: str | Path, overwrite: bool = False):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as e:
         raise UserError(f"cannot create a folder next to {str(out)!r}: {e}") from None
+    trash = None
     try:
         yield tmp
-        if out.exists():  # swap: old -> trash, tmp -> out, then drop the trash
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, trash / "old")
-            os.rename(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with critical():   # a signal waits until the swap is done (or undone)
+            try:
+                if out.exists():  # swap: old -> trash, tmp -> out, then drop the trash
+                    trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+                    os.rename(out, trash / "old")
+                    try:
+                        os.rename(tmp, out)
+                    except OSError:
+                        os.rename(trash / "old", out)
+                        raise
+                else:
+                    os.rename(tmp, out)
+            except OSError as e:
+                raise UserError(f"cannot replace {str(out)!r}: {e.strerror or e}") from None
+            note_written(out)
+    finally:
+        for d in (tmp, trash):
+            if d is not None and d.exists():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 class ShardWriter:
@@ -241,7 +253,11 @@ class CheckpointReader:
                 wmap = raw["weight_map"]
                 if not isinstance(wmap, dict):
                     raise TypeError("weight_map is not an object")
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                bad = [(k, v) for k, v in wmap.items() if not isinstance(v, str) or not v]
+                if bad:
+                    raise TypeError(f"weight_map[{bad[0][0]!r}] is {bad[0][1]!r}, not a shard "
+                                    "file name")
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
                 raise UserError(f"index file {str(index)!r} is not a valid safetensors index: "
                                 f"{type(e).__name__}: {e}") from None
             files = sorted(set(wmap.values()))

@@ -31,12 +31,13 @@ def mode(p) -> int:
 
 
 def test_emitted_files(tmp_path, mask):
-    from qwen38gen.emit import atomic_write, emit_program, write_program
+    from qwen38gen.emit import emit_program, write_program
     from qwen38gen.lanes import Lanes
+    from qwen38gen.outputs import write_text
 
     cu, man = write_program(emit_program(PRESETS["tiny"], Lanes.make(3)), tmp_path / "x.cu")
     assert mode(cu) == mode(man) == 0o666 & ~mask
-    atomic_write(tmp_path / "run.json", "{}\n")   # run --json, bench --json, golden --update
+    write_text(tmp_path / "run.json", "{}\n")   # run --json, bench --json, golden --update
     assert mode(tmp_path / "run.json") == 0o666 & ~mask
 
 

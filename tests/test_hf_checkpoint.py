@@ -140,6 +140,7 @@ def test_quantize_sigterm_leaves_no_temp_folder(tmp_path):
     import os
     import signal
 
+    from qwen38gen.interrupt import Interrupted
     from qwen38gen.quantize import quantize_checkpoint
     from qwen38gen.weights import save_checkpoint, synthetic_weights
 
@@ -150,8 +151,9 @@ def test_quantize_sigterm_leaves_no_temp_folder(tmp_path):
         if done == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted) as e:
         quantize_checkpoint(tmp_path / "src", tmp_path / "q", progress=progress)
+    assert e.value.exit_code == 143
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 

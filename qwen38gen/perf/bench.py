@@ -214,6 +214,8 @@ def plot(path, cfg: ModelConfig, ctx: int, bw: float, rows: list[BenchRow]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from qwen38gen.outputs import Target
+
     bs = [r.batch for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(bs, [r.tok_s for r in rows], "o-", label="measured tok/s")
@@ -225,4 +227,5 @@ def plot(path, cfg: ModelConfig, ctx: int, bw: float, rows: list[BenchRow]):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with Target(path, binary=True) as f:   # outputs.py: whole or not at all
+        fig.savefig(f, dpi=120, format="png")

@@ -85,7 +85,10 @@ def parse_request(obj, where: str, number: int, vocab: int, run_seed: int = 0,
         if tokenizer is None:
             raise UserError(f"{where}: the prompt is text but no tokenizer is available for this "
                             "model; give prompt_ids, or a --model folder with a tokenizer")
-        ids = list(tokenizer.encode(text))
+        try:
+            ids = list(tokenizer.encode(text))
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
         if not ids:
             raise UserError(f"{where}: the prompt encodes to no tokens")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -129,6 +132,9 @@ def read_requests(path: Path, vocab: int, run_seed: int = 0, tokenizer=None) -> 
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except (ValueError, RecursionError) as e:   # a 5000-digit number; nesting 100 000 deep
+            raise UserError(f"{where}: not a request JSON can hold ({type(e).__name__}: "
+                            f"{str(e)[:120]})") from None
         r = parse_request(obj, where, len(reqs), vocab, run_seed, tokenizer)
         if r.id in seen:
             raise UserError(f"{where}: id {r.id!r} repeats the request of line {seen[r.id]}")

@@ -5,14 +5,13 @@ the throughput summary (docs/RUN_FORMAT.md). cli.py parses the options and print
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..config import ModelConfig
 from ..errors import UserError
 from .engine import Result, Stats, check_request
+from ..outputs import Target
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
@@ -30,8 +29,11 @@ def default_ctx(requests) -> int:
     return max(len(r.prompt) + r.max_tokens - 1 for r in requests)
 
 
-def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
-    """What no backend may start with: sampling under --mtp, a context the model cannot hold."""
+def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int,
+                   ctx_given: bool = True) -> None:
+    """What no backend may start with: sampling under --mtp, a context the model cannot hold.
+    Where the context was not given (``default_ctx``), a request too long is named with its
+    fields, not blamed on a --ctx the user never wrote."""
     if mtp:
         s = next((r for r in requests if not r.sampling.greedy), None)
         if s is not None:
@@ -39,6 +41,12 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int) -> None:
                             f"{s.sampling.temperature}); drop --mtp or set temperature 0")
         raise UserError("run's engine drives the plain decode program; a --mtp program "
                         "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+    if not ctx_given and ctx > cfg.max_position_embeddings:
+        r = max(requests, key=lambda r: len(r.prompt) + r.max_tokens)
+        raise UserError(f"request {r.id!r}: a prompt of {len(r.prompt)} tokens and max_tokens "
+                        f"{r.max_tokens} need {len(r.prompt) + r.max_tokens - 1} positions; "
+                        f"{cfg.name!r} holds {cfg.max_position_embeddings} "
+                        "(max_position_embeddings): lower max_tokens or shorten the prompt")
     if not 1 <= ctx <= cfg.max_position_embeddings:
         raise UserError(f"--ctx {ctx} must be in 1..{cfg.max_position_embeddings}")
     for r in requests:
@@ -118,30 +126,31 @@ def summary_line(d: dict) -> str:
 
 
 class LineSink:
-    """Output lines, each written whole and flushed: to stdout, or to a file that appears only
-    complete (written beside it, renamed at ``commit``; removed on ``discard``)."""
+    """Output lines, each written whole and flushed: to stdout, or to an ``outputs.Target`` (a
+    file that appears only complete, at ``commit``; its temp removed on ``discard``; a FIFO or
+    character device written in place). The target's temp file is made here, before the run, so
+    an unwritable folder is an error before any work."""
 
     def __init__(self, path: Path | None, stdout):
-        self.path, self.tmp = path, None
+        self.target = None
         if path is None:
             self.f = stdout
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, self.tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            self.f = os.fdopen(fd, "w")
+            self.target = Target(path)
+            self.f = self.target.open()
 
     def write(self, obj: dict) -> None:
-        self.f.write(json.dumps(obj) + "\n")
-        self.f.flush()
+        if self.target is not None:
+            self.target.write(json.dumps(obj) + "\n")
+            self.target.flush()
+        else:
+            self.f.write(json.dumps(obj) + "\n")
+            self.f.flush()
 
     def commit(self) -> None:
-        if self.tmp is not None:
-            self.f.close()
-            os.replace(self.tmp, self.path)
-            self.tmp = None
+        if self.target is not None:
+            self.target.commit()
 
     def discard(self) -> None:
-        if self.tmp is not None:
-            self.f.close()
-            os.unlink(self.tmp)
-            self.tmp = None
+        if self.target is not None:
+            self.target.discard()

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..build import build
 from ..config import PRESETS, ModelConfig
-from ..emit import atomic_write
 from ..errors import UserError
 from ..lanes import Lanes
+from ..outputs import write_text
 from ..weights import default_tensors
 from . import golden as G
 
@@ -129,12 +129,12 @@ def update_golden(cfg: ModelConfig | None = None, candidate: Path | None = None,
                  sequences=[{"prompt": s["prompt"], "tokens": s["tokens"], "topk": s["topk"]}
                             for s in seqs])
     if candidate is not None:
-        Path(candidate).write_text(g.to_json())
+        write_text(candidate, g.to_json(), name="--candidate")
     out = validate_golden(g)
     if not out.ok:
         return out, None
     path = G.golden_path(cfg, lanes, folder)
-    atomic_write(path, g.to_json())
+    write_text(path, g.to_json())
     return out, path
 
 
