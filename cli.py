@@ -940,6 +940,7 @@ def _run(argv):
     UserError, a usage error, an OSError (a full disk, a closed or broken stdout, an unreadable
     file) or a signal (interrupt.py)."""
     from qwen38gen.interrupt import Interrupted
+    from qwen38gen.errors import NonFiniteLogits
 
     stdout = sys.stdout
     try:
@@ -956,6 +957,9 @@ def _run(argv):
     except UserError as e:
         _say(f"error: {e}")
         return 2
+    except NonFiniteLogits as e:   # the program is broken, not the user's input: a lock's 1
+        _say(f"error: the program computed {e}; nothing of the run was written")
+        return 1
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.UsageError as e:

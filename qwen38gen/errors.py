@@ -21,3 +21,8 @@ class UserError(Exception):
 def field_error(field: str, reason: str, where: str | None = None) -> UserError:
     """"[WHERE: ]FIELD REASON", carrying the field and the reason."""
     return UserError(f"{where + ': ' if where else ''}{field} {reason}", field=field, reason=reason)
+
+
+class NonFiniteLogits(RuntimeError):
+    """A row of logits a token was to be chosen from holds NaN or ±inf: the program is broken
+    (the engine's guard raises it; `run` says it in one line and exits 1)."""

@@ -166,3 +166,24 @@ def test_speculative_loop_names_nonfinite_logits(bad):
     _, st, _ = speculative_run(emu, man, prompts, 3)
     assert st.nonfinite[0].startswith("sequence 0 prefill logits[")
     assert st.nonfinite[1].startswith("sequence 1 prefill logits[")
+
+
+def test_run_says_a_broken_program_in_one_line(tmp_path):
+    """`run` over weights whose final norm holds a NaN: the engine's guard stops it, one line on
+    stderr, exit 1 (a broken program, not a user's mistake), no output file left."""
+    from qwen38gen.weights import save_checkpoint, synthetic_weights
+
+    t = dict(synthetic_weights(TINY, 0))
+    w = np.array(t[FINAL_NORM], copy=True)
+    w[7] = np.nan
+    t[FINAL_NORM] = w
+    save_checkpoint(TINY, t, tmp_path / "m")
+    (tmp_path / "r.jsonl").write_text('{"prompt_ids": [1, 2, 3], "max_tokens": 2}\n')
+    r = subprocess.run([sys.executable, "-m", "cli", "run", "--backend", "reference", "--model",
+                        str(tmp_path / "m"), "--prompts", str(tmp_path / "r.jsonl"), "--batch", "1",
+                        "--output", str(tmp_path / "out.jsonl")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("error: the program computed request 0 (slot 0, position 3): "
+                               "non-finite logits[") and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out.jsonl").exists()

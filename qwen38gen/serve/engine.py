@@ -45,7 +45,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..compare import nonfinite_where
-from ..errors import UserError
+from ..errors import NonFiniteLogits, UserError
 from ..sampling import sample
 from .requests import Request
 
@@ -166,10 +166,6 @@ def check_request(req: Request, ctx: int, vocab: int) -> None:
     if bad:
         raise UserError(f"request {req.id!r}: token id {bad[0]} is outside the vocabulary "
                         f"0..{vocab - 1}")
-
-
-class NonFiniteLogits(RuntimeError):
-    """A row of logits a token was to be chosen from holds NaN or ±inf (the program is broken)."""
 
 
 class Scheduler:
