@@ -273,41 +273,57 @@ def _tuning(tune=(), tune_file=None):
     return Tuning.parse(settings)
 
 
+def _lanes_options(f=None, *, batch_required: bool = False):
+    """The lane options, declared once: emit (--batch required), check, run and the others
+    (--batch 16 by default), with the tuning options. ``_make_lanes`` turns them into Lanes."""
+    def wrap(f):
+        batch = (click.option("--batch", type=int, required=True, help="B: sequences per step.")
+                 if batch_required else
+                 click.option("--batch", type=int, default=16, show_default=True,
+                              help="B: sequences per step."))
+        for opt in reversed([
+            batch,
+            click.option("--btg", type=int, default=None,
+                         help="Batch tile of the GEMV (default from B)."),
+            click.option("--pt", type=int, default=None,
+                         help="Prefill chunk width (default: $QWEN38_PT, else 16)."),
+            click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
+                         flag_value=1, help="MTP draft tokens per verify pass, 1..4 (0: off; "
+                         "--mtp alone: 1): the speculative-decoding program."),
+            click.option("--arch", default=DEFAULT_ARCH, show_default=True),
+            click.option("--lm-head", default="int4", show_default=True,
+                         help="lm_head precision."),
+        ]):
+            f = opt(f)
+        return _tune_options(f)
+
+    return wrap if f is None else wrap(f)
+
+
 # ----------------------------------------------------------------------------------------- emit
 @cli.command()
-@click.option("--batch", type=int, required=True, help="B: sequences per step.")
-@click.option("--btg", type=int, default=None, help="Batch tile of the GEMV (default from B).")
-@click.option("--pt", type=int, default=None,
-              help="Prefill chunk width (default: $QWEN38_PT, else 16).")
-@click.option("--mtp", type=int, default=0, show_default=True, is_flag=False, flag_value=1,
-              help="MTP draft tokens per verify pass, 1..4 (0: off; --mtp alone: 1): the "
-                   "speculative-decoding program (verify, accept, MTP drafter).")
-@click.option("--arch", default=DEFAULT_ARCH, show_default=True)
-@click.option("--lm-head", default="int4", show_default=True, help="lm_head precision.")
+@_lanes_options(batch_required=True)
 @click.option("--model", default="tiny", show_default=True,
               help="Preset, config.json or checkpoint folder (its config.json is the geometry).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="The .cu to write (default: the lane's name in the current folder).")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the program instead.")
-@_tune_options
-def emit(batch, btg, pt, mtp, arch, lm_head, model, output, to_stdout, tune, tune_file):
+def emit(model, output, to_stdout, **lane_kw):
     """Write the self-contained .cu decode program and its launch manifest."""
     from qwen38gen.config import resolve_model
     from qwen38gen.emit import emit_program, write_program
-    from qwen38gen.lanes import Lanes
 
     if to_stdout and output is not None:
         raise UserError("emit: give --stdout (print the program) or -o FILE.cu (write it and its "
                         "manifest), not both")
     cfg = resolve_model(model).config
-    lanes = Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
-                       tuning=_tuning(tune, tune_file))
+    lanes = _make_lanes(**lane_kw)
     prog = emit_program(cfg, lanes)
     if to_stdout:
         sys.stdout.write(prog.source)
         return
     cu, man = write_program(prog, output, {"--model": _model_path(model),
-                                           "--tune-file": tune_file})
+                                           "--tune-file": lane_kw.get("tune_file")})
     out.print(f"wrote {cu} ({len(prog.source):,} bytes, {len(prog.manifest['kernels'])} kernels) "
               f"and {man}")
 
@@ -361,20 +377,6 @@ def gate(files, matrix, jobs, quiet):
 
 
 # ------------------------------------------------------------------------------ run / golden
-def _lanes_options(f):
-    for opt in reversed([
-        click.option("--batch", type=int, default=16, show_default=True, help="B."),
-        click.option("--btg", type=int, default=None, help="Batch tile (default from B)."),
-        click.option("--pt", type=int, default=None, help="Prefill chunk ($QWEN38_PT, else 16)."),
-        click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
-                     flag_value=1, help="MTP draft tokens (check: speculative decoding)."),
-        click.option("--arch", default=DEFAULT_ARCH, show_default=True),
-        click.option("--lm-head", default="int4", show_default=True),
-    ]):
-        f = opt(f)
-    return _tune_options(f)
-
-
 def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
     from qwen38gen.lanes import Lanes
 
