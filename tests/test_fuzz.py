@@ -1,4 +1,4 @@
-"""A seeded, time-bounded fuzz pass over what a user hands the tool (issue 40): request files,
+"""A seeded, time-bounded fuzz pass over what a user hands the tool: request files,
 config.json, checkpoint folders and chat templates. Every outcome must be a success (exit 0) or
 one `error:` line with exit 2; anything else (a traceback, another exit code, a second line) is
 collected with the input that caused it and fails the test.

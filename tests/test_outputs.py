@@ -1,4 +1,4 @@
-"""qwen38gen.outputs and qwen38gen.interrupt (STYLE.md principle 19, issue 40): the one output
+"""qwen38gen.outputs and qwen38gen.interrupt (a path the user gives is never destroyed): the one output
 helper (regular targets or new paths, in place for a device or FIFO, inputs and other outputs
 refused, the umask, temp files removed on every way out) and the one signal policy (clean up,
 kill the children's process group, 128 + the signal)."""
