@@ -1,4 +1,4 @@
-// attention.cuh: gated full attention (MODEL.md §4.1, §5): attn_prep, and what the attention
+// attention.cuh: gated full attention (docs/MODEL.md §4.1, §5): attn_prep, and what the attention
 // kernel, attention_tc.cuh's attn_tc, builds on: the split rule, the K/V ring's walk, the output
 // order and the merge of a row's splits.
 //
@@ -16,7 +16,7 @@
 //                is touched. The gate stays in qkv; attn_tc reads it there.
 //   Launch AttnPrepLaunch: grid (R, grid_y), block `threads`, no dynamic smem. One warp per
 //   (row, head) over the H q, HKV k and HKV v heads of the row; a lane owns 8 dims (16 bytes).
-//   Numerics (MODEL.md §7): RMS statistic in fp32, normed value rounded to bf16 (as HF stores it),
+//   Numerics (docs/MODEL.md §7): RMS statistic in fp32, normed value rounded to bf16 (as HF stores it),
 //   rotation in fp32 from it, rounded to bf16. Angle p·ω_i in fp32 like HF (ω_i = 1/θ^(2i/RD) as a
 //   correctly rounded fp32), reduced mod 2π in fp64 (exact for that fp32 angle, p ≤ 2^24), then
 //   __sincosf on [−π, π] (absolute error ≤ 2^-21.4 there). sincosf itself would be as accurate
@@ -44,7 +44,7 @@
 //   fp32 throughout. Deterministic: no float atomics, fixed merge orders.
 //
 // Template parameters: D head_dim (256: a warp covers one head with one 16-byte vector per lane),
-// RD rotary dims (MODEL.md's R = 64), H / HKV query / kv heads, PT rows per sequence.
+// RD rotary dims (docs/MODEL.md's R = 64), H / HKV query / kv heads, PT rows per sequence.
 //
 // Entry point (docs/KERNELS.md), e.g. for the tiny geometry's decode:
 //   extern "C" __global__ void __launch_bounds__(q38::AttnPrepLaunch<256, 64, 6, 2, 1>::threads)

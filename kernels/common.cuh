@@ -12,7 +12,7 @@ typedef __nv_bfloat162 bf162;
 
 __device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 to_bf(float v) { return __float2bfloat16_rn(v); }
-// Round an fp32 value to the nearest bf16 and back: where MODEL.md §7 says HF stores bf16.
+// Round an fp32 value to the nearest bf16 and back: where docs/MODEL.md §7 says HF stores bf16.
 __device__ __forceinline__ float round_bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,4 +1,4 @@
-// gdn.cuh: the Gated DeltaNet core of one linear-attention layer (MODEL.md §4.2 steps 2-7, §5)
+// gdn.cuh: the Gated DeltaNet core of one linear-attention layer (docs/MODEL.md §4.2 steps 2-7, §5)
 // for a decode step (PT = 1) or a prefill chunk (PT > 1 rows per sequence, run token by token:
 // the exact recurrence, not the chunked WY form), with the per-sequence conv ring and fp32
 // recurrent state updated in place.
@@ -16,7 +16,7 @@
 //   state   fp32 [B, SLOTS, HV, DK, DV]   S[i, j], row i = key dim, column j = value dim;
 //                             SLOTS = 1 (default): one state per sequence
 //   slot    int32 [B] or null  the slot holding sequence b's current state (null: slot 0)
-// Speculative decoding (the mtp lane, MODEL.md §8.3 rollback): RS = K-1+drafts keeps the raw m
+// Speculative decoding (the mtp lane, docs/MODEL.md §8.3 rollback): RS = K-1+drafts keeps the raw m
 // of every position a rollback may resume from (a verify of drafts+1 tokens at p0 … p0+drafts
 // writes drafts+1 slots and keeps p0-2, p0-1; resuming at p0+n+1 reads p0+n-2 … p0+n, all of
 // which survive). EACH = 0: read slot[b], write the final state back into slot[b]. EACH = 1 (the
@@ -34,14 +34,14 @@
 // with C = 2·HK·DK + HV·DV, Cv = HV·DV. ld_mz and ld_ba are in elements; ld_mz % 8 == 0 and all
 // base pointers 16-byte aligned (16-byte vector loads of m, z and the ring).
 //
-// Per token, for v-head h and its key head κ = h / (HV/HK) (MODEL.md §4.2):
+// Per token, for v-head h and its key head κ = h / (HV/HK) (docs/MODEL.md §4.2):
 //   c = Σ_j w_conv[ch, j] · [X₀ X₁ X₂ m][ch, j];  y = silu(c)    X = raw m of the 3 previous
 //        positions; a position < 0 contributes 0 whatever the ring holds (= a fresh sequence)
 //   q = l2n(y_q[κ]) / √DK,  k = l2n(y_k[κ]),  v = y_v[h]         l2n(x) = x / √(Σx² + 1e-6)
 //   g = −exp(A_log_h) · softplus(a_h + dt_bias_h),  β = σ(b_h)
 //   S ← e^g S;  u = Sᵀk;  δ = β (v − u);  S ← S + k δᵀ;  o = Sᵀq   (o read with the updated S)
 //   out_h = bf16( bf16(o / √(mean(o²) + eps)) · w · silu(z_h) )
-// Numerics (MODEL.md §7, HF's rounding points): conv sum in fp32 rounded to bf16, SiLU in fp32
+// Numerics (docs/MODEL.md §7, HF's rounding points): conv sum in fp32 rounded to bf16, SiLU in fp32
 // rounded to bf16 (q, k, v are these bf16 values); l2 norm, gates, e^g, state in fp32; the
 // delta-rule output o rounded to bf16 before the gated norm; norm statistics fp32; output bf16.
 //

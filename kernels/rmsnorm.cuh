@@ -1,4 +1,4 @@
-// rmsnorm.cuh: zero-centred RMSNorm (MODEL.md §3, RMS1p), one block per row:
+// rmsnorm.cuh: zero-centred RMSNorm (docs/MODEL.md §3, RMS1p), one block per row:
 //   y[r, :] = bf16( x[r, :] / sqrt(mean(x[r, :]²) + eps) · (1 + w) )
 // fp32 statistics and products, one rounding to bf16 at the end (as HF: (x̂ · (1 + w.float()))
 // then cast).

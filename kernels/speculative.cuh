@@ -1,5 +1,5 @@
 // speculative.cuh: the bookkeeping kernels of the mtp lane (greedy speculative decoding with the
-// MTP drafter, MODEL.md §8.2–8.3). All int32, one thread per sequence (or row); no shared memory.
+// MTP drafter, docs/MODEL.md §8.2–8.3). All int32, one thread per sequence (or row); no shared memory.
 //
 // A verify pass runs KP = drafts + 1 rows per sequence b: vtok[b·KP + 0] = x (the token the target
 // has not yet processed), vtok[b·KP + j] = d_j (j = 1 … drafts), at positions pos[b] … pos[b]+drafts;
