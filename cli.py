@@ -442,7 +442,6 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
 
     from qwen38gen import serve as S
     from qwen38gen.emit import atomic_write
-    from qwen38gen.engine import Engine
 
     cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
@@ -451,7 +450,10 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos or None)
     ctx = S.default_ctx(reqs) if ctx is None else ctx
     S.check_requests(reqs, cfg, ctx, lanes.mtp)
-    tensors = S.float_tensors(cfg, weights_dir, seed)
+    if backend == "reference" and lanes.mtp:
+        raise UserError("--mtp runs the emitted mtp program: use --backend gpu or emu (the "
+                        "reference backend computes the plain model)")
+    tensors = S.float_tensors(cfg, weights_dir, seed, mtp=bool(lanes.mtp))
     if backend == "reference":
         from contextlib import nullcontext
 
@@ -459,14 +461,14 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     elif backend == "emu":
         from contextlib import nullcontext
 
-        from qwen38gen.emu.backend import NOTICE, EmuBackend
+        from qwen38gen.emu.backend import NOTICE
 
         err.print(NOTICE, markup=False)
-        be_ctx = nullcontext(EmuBackend(cfg, lanes, tensors, ctx))
+        be_ctx = nullcontext(S.emu_backend(cfg, lanes, tensors, ctx))
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
-        eng = Engine(be, S.eos_ids(cfg, tok))
+        eng = S.make_engine(be, S.eos_ids(cfg, tok))
         sink = S.LineSink(output, sys.stdout)
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
