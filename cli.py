@@ -693,18 +693,27 @@ def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
     """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
     from qwen38gen import serve_lock as SL
 
-    if lanes.mtp:
-        raise UserError("check --serve drives the plain decode program; drop --mtp")
     if have_gpu:
-        backend_of, where = SL.gpu_backends(cfg, lanes), "GPU"
+        backends, where = SL.gpu_backends, "GPU"
     else:
         from rich.markup import escape
 
         out.print(f"[yellow]no GPU[/yellow] ({escape(why)})")
         out.print("The serve lock runs on the emu backend: the program's schedule in numpy, not "
                   "the CUDA kernels.")
-        backend_of, where = SL.emu_backends(cfg, lanes), "emu"
-    res, _ = SL.serve_lock(backend_of, lanes.batch, lanes.pt, cfg)
+        backends, where = SL.emu_backends, "emu"
+    if lanes.mtp:
+        import dataclasses
+
+        plain = dataclasses.replace(lanes, mtp=0)
+        res, _ = SL.spec_serve_lock(backends(cfg, plain), backends(cfg, lanes), lanes.batch,
+                                    lanes.pt, cfg)
+        out.print(f"lane {lanes.name}; {res.notes.pop()}")
+        _verdict(f"speculative serve lock ({where}): batched --mtp {lanes.mtp} vs the plain "
+                 "program alone (greedy) and vs alone on the mtp program (sampled)",
+                 ("request", "prompt", "max_tokens", "mode", "tokens", "acceptance", "status"),
+                 res, "requests")
+    res, _ = SL.serve_lock(backends(cfg, lanes), lanes.batch, lanes.pt, cfg)
     out.print(f"lane {lanes.name}; {res.notes.pop()}")
     _verdict(f"serve lock ({where}): batched vs alone",
              ("request", "prompt", "max_tokens", "mode", "tokens", "status"), res, "requests")
