@@ -445,6 +445,9 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     ctx_given = ctx is not None
     ctx = ctx if ctx_given else S.default_ctx(reqs)
     S.check_requests(reqs, cfg, ctx, lanes.mtp, ctx_given)
+    if backend == "reference" and lanes.mtp:
+        raise UserError("--mtp runs the emitted mtp program: use --backend gpu or emu (the "
+                        "reference backend computes the plain model)")
     # Both outputs' temp files exist before any work: an unwritable target fails now.
     sink = S.LineSink(output, sys.stdout)
     summary_out = O.Target(json_out) if json_out else None
@@ -470,9 +473,8 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from qwen38gen.serve import run as S
-    from qwen38gen.serve.engine import Engine
 
-    tensors = S.float_tensors(cfg, weights_dir, seed)
+    tensors = S.float_tensors(cfg, weights_dir, seed, mtp=bool(lanes.mtp))
     if backend == "reference":
         from contextlib import nullcontext
 
@@ -480,14 +482,14 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
     elif backend == "emu":
         from contextlib import nullcontext
 
-        from qwen38gen.emu.backend import NOTICE, EmuBackend
+        from qwen38gen.emu.backend import NOTICE
 
         err.print(NOTICE, markup=False)
-        be_ctx = nullcontext(EmuBackend(cfg, lanes, tensors, ctx))
+        be_ctx = nullcontext(S.emu_backend(cfg, lanes, tensors, ctx))
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
-        eng = Engine(be, S.eos_ids(cfg, tok))
+        eng = S.make_engine(be, S.eos_ids(cfg, tok))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[toks]} tokens"), console=err,
                       transient=True, disable=not err.is_terminal) as prog:
@@ -710,18 +712,27 @@ def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
     """check --serve: the continuous-batching lock on the GPU, else on the emulated schedule."""
     from qwen38gen.verify import serve_lock as SL
 
-    if lanes.mtp:
-        raise UserError("check --serve drives the plain decode program; drop --mtp")
     if have_gpu:
-        backend_of, where = SL.gpu_backends(cfg, lanes), "GPU"
+        backends, where = SL.gpu_backends, "GPU"
     else:
         from rich.markup import escape
 
         out.print(f"[yellow]no GPU[/yellow] ({escape(why)})")
         out.print("The serve lock runs on the emu backend: the program's schedule in numpy, not "
                   "the CUDA kernels.")
-        backend_of, where = SL.emu_backends(cfg, lanes), "emu"
-    res, _ = SL.serve_lock(backend_of, lanes.batch, lanes.pt, cfg)
+        backends, where = SL.emu_backends, "emu"
+    if lanes.mtp:
+        import dataclasses
+
+        plain = dataclasses.replace(lanes, mtp=0)
+        res, _ = SL.spec_serve_lock(backends(cfg, plain), backends(cfg, lanes), lanes.batch,
+                                    lanes.pt, cfg)
+        out.print(f"lane {lanes.name}; {res.notes.pop()}")
+        _verdict(f"speculative serve lock ({where}): batched --mtp {lanes.mtp} vs the plain "
+                 "program alone (greedy) and vs alone on the mtp program (sampled)",
+                 ("request", "prompt", "max_tokens", "mode", "tokens", "acceptance", "status"),
+                 res, "requests")
+    res, _ = SL.serve_lock(backends(cfg, lanes), lanes.batch, lanes.pt, cfg)
     out.print(f"lane {lanes.name}; {res.notes.pop()}")
     _verdict(f"serve lock ({where}): batched vs alone",
              ("request", "prompt", "max_tokens", "mode", "tokens", "status"), res, "requests")

@@ -322,12 +322,13 @@ class Runtime:
 
     def reset_slot(self, b: int):
         """A fresh sequence in slot b alone (continuous batching, engine.py): zero its recurrent
-        state, conv ring and position. Its KV cache is left as it is: attention reads only the
-        positions below pos, which the new sequence writes before it reads them."""
+        state, conv ring and position (and an mtp program's GDN state slot). Its KV caches (the
+        MTP's too) are left as they are: attention reads only the positions below pos, which the
+        new sequence writes before it reads them."""
         if not 0 <= b < self.B:
             raise ValueError(f"slot {b} is outside 0..{self.B - 1}")
         for name, spec in self.manifest["buffers"].items():
-            if not (spec.get("state") or name == "pos") or name in ("kc", "vc"):
+            if not (spec.get("state") or name == "pos") or name in ("kc", "vc", "mkc", "mvc"):
                 continue
             g, shape, dt = self.bufs[name]
             if name in ("pos", "slot"):                      # [B]

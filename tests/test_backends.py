@@ -130,5 +130,18 @@ def test_runtime_backend_sampling():
 
 
 def test_runtime_backend_refuses_mtp():
-    with pytest.raises(UserError, match=r"^run's engine drives the plain decode program"):
+    with pytest.raises(UserError, match=r"^this backend drives the plain decode program; an mtp "
+                                        r"program \(run --mtp K\) runs on spec_engine's backends$"):
         RuntimeBackend(Recorder(fake_runtime(2, mtp=1)))
+
+
+def test_reset_slot_of_an_mtp_program():
+    """The mtp program's GDN state slot is zeroed with the slot; its MTP K/V is left (read only
+    below the position, as the target's)."""
+    rt = fake_runtime(3, pt=4, mtp=2)
+    Runtime.reset_slot(rt, 1)
+    s = view(rt, "slot")
+    assert np.all(s[1] == 0) and np.all(s[0] == 0xAB) and np.all(s[2] == 0xAB)
+    assert np.all(view(rt, "rec")[:, 1] == 0) and np.all(view(rt, "rec")[:, 2] == 0xAB)
+    for name in ("mkc", "mvc", "kc", "vc"):
+        assert np.all(view(rt, name) == 0xAB), name

@@ -150,9 +150,8 @@ def test_the_sample_counter_is_the_position():
 
 def test_bad_use():
     cfg = PRESETS["tiny"]
-    with pytest.raises(UserError, match=r"^run's engine drives the plain decode program; a --mtp "
-                                        r"program \(speculative decoding\) runs in `check --mtp` "
-                                        r"and `bench --mtp`$"):
+    with pytest.raises(UserError, match=r"^this backend drives the plain decode program; an mtp "
+                                        r"program \(run --mtp K\) runs on spec_engine's backends$"):
         EmuBackend(cfg, Lanes.make(1, pt=PT, mtp=1), {}, CTX)
     be = emu_backend(1)
     with pytest.raises(ValueError, match=r"^a prefill chunk is 1 lists of at most 4 tokens$"):

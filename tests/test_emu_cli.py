@@ -42,3 +42,28 @@ def test_emu_batch_2_gives_the_ids_of_batch_1(tmp_path):
     assert got[2] == got[1]
     assert sum(got[1][f"greedy-{i}"] != got[1][f"sampled-{i}"] for i in range(5)) >= 3
     assert figures[2]["steps"] < figures[1]["steps"]
+
+
+def test_emu_run_mtp(tmp_path):
+    """`run --backend emu --mtp 1`: the greedy requests get the plain program's ids, every line
+    and the figures carry the acceptance, the throughput line says it."""
+    lines = [r for r in show_requests() if r["id"] in ("greedy-0", "greedy-1", "sampled-1")]
+    for r in lines:
+        r["max_tokens"] = 3
+    reqs = write_requests(tmp_path / "R.jsonl", lines)
+    got = {}
+    for mtp in ("0", "1"):
+        o, j = tmp_path / f"out{mtp}.jsonl", tmp_path / f"s{mtp}.json"
+        rc, out, err = run_emu("--batch", "2", "--mtp", mtp, "--prompts", reqs, "--output", str(o),
+                               "--json", str(j))
+        assert rc == 0, err
+        got[mtp] = {x["id"]: x for x in map(json.loads, o.read_text().splitlines())}
+        fig = json.loads(j.read_text())
+    assert {i: x["token_ids"] for i, x in got["1"].items() if i.startswith("greedy")} == \
+        {i: x["token_ids"] for i, x in got["0"].items() if i.startswith("greedy")}
+    for x in got["1"].values():
+        assert x["drafts_proposed"] >= x["drafts_accepted"] >= 0 and "acceptance" in x
+    assert fig["mtp"] == 1 and fig["drafts_proposed"] == sum(x["drafts_proposed"]
+                                                             for x in got["1"].values())
+    line = [x for x in err.splitlines() if x.startswith("Throughput:")][0]
+    assert "verify" in line and f"mtp 1: acceptance {fig['acceptance']:.2f}" in line

@@ -108,6 +108,8 @@ def test_prompt_longer_than_the_context_and_mtp(tmp_path):
                       r"^error: request 'long': the prompt has 9 tokens, more than the context "
                       r"of 8; pass a larger --ctx$")
     assert_user_error(*run("--batch", "2", "--mtp", "--prompts", reqs),
-                      r"^error: --mtp decodes greedily, but request 1 samples \(temperature "
-                      r"0\.8\); drop --mtp or set temperature 0$")
+                      r"^error: --mtp runs the emitted mtp program: use --backend gpu or emu \(the "
+                      r"reference backend computes the plain model\)$")
+    assert_user_error(*run("--batch", "2", "--mtp", "2", "--ctx", "262141", "--prompts", reqs),
+                      r"^error: --ctx 262141 must be in 1\.\.262140 with --mtp 2$")
     assert not o.exists()

@@ -40,8 +40,8 @@ class EmuBackend(ProgramSlots):
         from ..emit import emit_program
 
         if lanes.mtp:
-            raise UserError("run's engine drives the plain decode program; a --mtp program "
-                            "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+            raise UserError("this backend drives the plain decode program; an mtp program "
+                            "(run --mtp K) runs on spec_engine's backends")
         if ctx < 1:
             raise UserError(f"ctx {ctx} must be ≥ 1")
         self.manifest = emit_program(cfg, lanes).manifest

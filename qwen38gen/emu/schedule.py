@@ -70,8 +70,9 @@ class Emu:
     def kernel(self, L) -> dict:
         return self.man["kernels"][L["k"]]
 
-    def run(self, phase: str):
-        for L in self.man["schedule"][phase]:
+    def run(self, phase: str, start: int = 0, stop: int | None = None):
+        """The phase's launches [start, stop) (default: all)."""
+        for L in self.man["schedule"][phase][start:stop]:
             k = self.kernel(L)
             getattr(self, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 

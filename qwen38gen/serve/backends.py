@@ -112,8 +112,8 @@ class RuntimeBackend(ProgramSlots):
 
     def __init__(self, rt):
         if rt.mtp:
-            raise UserError("run's engine drives the plain decode program; a --mtp program "
-                            "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
+            raise UserError("this backend drives the plain decode program; an mtp program "
+                            "(run --mtp K) runs on spec_engine's backends")
         if "sample" not in rt.manifest["schedule"]:
             raise UserError("the program has no sample phase; emit it again with this version")
         self.rt = rt

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .engine import Result, Stats, check_request
 from ..outputs import Target
+from .engine import Result, Stats, check_request
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
@@ -31,35 +31,36 @@ def default_ctx(requests) -> int:
 
 def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int,
                    ctx_given: bool = True) -> None:
-    """What no backend may start with: sampling under --mtp, a context the model cannot hold.
-    Where the context was not given (``default_ctx``), a request too long is named with its
-    fields, not blamed on a --ctx the user never wrote."""
-    if mtp:
-        s = next((r for r in requests if not r.sampling.greedy), None)
-        if s is not None:
-            raise UserError(f"--mtp decodes greedily, but request {s.id!r} samples (temperature "
-                            f"{s.sampling.temperature}); drop --mtp or set temperature 0")
-        raise UserError("run's engine drives the plain decode program; a --mtp program "
-                        "(speculative decoding) runs in `check --mtp` and `bench --mtp`")
-    if not ctx_given and ctx > cfg.max_position_embeddings:
+    """What no backend may start with: a context the model cannot hold (with --mtp K, the 2K
+    positions a verify step may write past it too). Where the context was not given
+    (``default_ctx``), a request too long is named with its fields, not blamed on a --ctx the
+    user never wrote."""
+    from .spec_engine import spec_headroom
+
+    room = cfg.max_position_embeddings - (spec_headroom(mtp) if mtp else 0)
+    if not ctx_given and ctx > room:
         r = max(requests, key=lambda r: len(r.prompt) + r.max_tokens)
         raise UserError(f"request {r.id!r}: a prompt of {len(r.prompt)} tokens and max_tokens "
                         f"{r.max_tokens} need {len(r.prompt) + r.max_tokens - 1} positions; "
-                        f"{cfg.name!r} holds {cfg.max_position_embeddings} "
-                        "(max_position_embeddings): lower max_tokens or shorten the prompt")
-    if not 1 <= ctx <= cfg.max_position_embeddings:
-        raise UserError(f"--ctx {ctx} must be in 1..{cfg.max_position_embeddings}")
+                        f"{cfg.name!r} holds {room} (max_position_embeddings"
+                        + (f", less --mtp {mtp}'s headroom" if mtp else "")
+                        + "): lower max_tokens or shorten the prompt")
+    if not 1 <= ctx <= room:
+        raise UserError(f"--ctx {ctx} must be in 1..{room}"
+                        + (f" with --mtp {mtp}" if mtp else ""))
     for r in requests:
         check_request(r, ctx, cfg.vocab_size)
 
 
-def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int) -> dict:
-    """The weights the backend starts from: a checkpoint folder, or seeded synthetic."""
+def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int,
+                  mtp: bool = False) -> dict:
+    """The weights the backend starts from: a checkpoint folder, or seeded synthetic (with the
+    MTP layer's for an mtp program)."""
     from ..quantize import QUANT_JSON, load_any, load_quantized
     from ..weights import default_tensors
 
     if weights_dir is None:
-        return default_tensors(cfg, seed)
+        return default_tensors(cfg, seed, mtp=mtp)
     if not Path(weights_dir).is_dir():
         raise UserError(f"weights folder {str(weights_dir)!r} does not exist or is not a folder")
     if (Path(weights_dir) / QUANT_JSON).exists():
@@ -91,8 +92,36 @@ def gpu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
 
     cuda_driver()   # no GPU: say so before the build
     cubin, manifest = build(cfg, lanes)
+    if lanes.mtp:
+        from .spec_engine import RuntimeSpecBackend, spec_headroom
+
+        with Runtime(cubin, manifest, cfg, tensors, ctx + spec_headroom(lanes.mtp)) as rt:
+            yield RuntimeSpecBackend(rt, ctx)
+        return
     with Runtime(cubin, manifest, cfg, tensors, ctx) as rt:
         yield RuntimeBackend(rt)
+
+
+def emu_backend(cfg: ModelConfig, lanes, tensors: dict, ctx: int):
+    """The emitted program's schedule in numpy (the plain or the mtp program)."""
+    if lanes.mtp:
+        from ..emu.spec_backend import EmuSpecBackend
+
+        return EmuSpecBackend(cfg, lanes, tensors, ctx)
+    from ..emu.backend import EmuBackend
+
+    return EmuBackend(cfg, lanes, tensors, ctx)
+
+
+def make_engine(backend, eos: tuple[int, ...] = ()):
+    """The engine for the backend: speculative over an mtp program, else plain."""
+    if getattr(backend, "k", 0):
+        from .spec_engine import SpecEngine
+
+        return SpecEngine(backend, eos)
+    from .engine import Engine
+
+    return Engine(backend, eos)
 
 
 def record(res: Result, tokenizer) -> dict:
@@ -102,6 +131,10 @@ def record(res: Result, tokenizer) -> dict:
         d["text"] = tokenizer.decode(res.token_ids)
     d.update(finish_reason=res.finish_reason, prompt_tokens=len(res.prompt),
              output_tokens=len(res.token_ids))
+    if hasattr(res, "drafts_proposed"):     # spec_engine.MtpResult (run --mtp K)
+        acc = res.acceptance
+        d.update(drafts_proposed=res.drafts_proposed, drafts_accepted=res.drafts_accepted,
+                 acceptance=None if acc is None else round(acc, 4))
     return d
 
 
@@ -117,12 +150,19 @@ def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: 
 
 
 def summary_line(d: dict) -> str:
-    return (f"Throughput: {d['requests_per_s']:.2f} requests/s, {d['output_tokens_per_s']:.2f} "
+    mtp = d.get("mtp", 0)
+    line = (f"Throughput: {d['requests_per_s']:.2f} requests/s, {d['output_tokens_per_s']:.2f} "
             f"output tokens/s ({d['requests']} requests, {d['output_tokens']} output tokens in "
             f"{d['seconds']:.2f} s, {d['backend']} backend); steps {d['steps']} (prefill "
-            f"{d['prefill_steps']}, decode {d['decode_steps']}), slot occupancy "
-            f"{d['occupancy']:.2f} (decode {d['decode_occupancy']:.2f}) of {d['slots']} slots; "
-            f"lockstep batches: {d['lockstep_steps']} steps")
+            f"{d['prefill_steps']}, {'verify' if mtp else 'decode'} {d['decode_steps']}), slot "
+            f"occupancy {d['occupancy']:.2f} ({'verify' if mtp else 'decode'} "
+            f"{d['decode_occupancy']:.2f}) of {d['slots']} slots; lockstep batches: "
+            f"{d['lockstep_steps']} steps")
+    if mtp:
+        line += (f"; mtp {mtp}: acceptance {d['acceptance']:.2f} ({d['drafts_accepted']} of "
+                 f"{d['drafts_proposed']} drafts), {d['tokens_per_verify']:.2f} tokens per "
+                 "slot-verify")
+    return line
 
 
 class LineSink:

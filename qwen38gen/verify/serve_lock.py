@@ -9,6 +9,12 @@ left behind, so a slot reset that misses any state shows.
 On a GPU the backends are the emitted programs on the PyCUDA runtime (``RuntimeBackend``); without
 one the same lock runs on the emulated schedule (``EmuBackend``: the program's schedule in numpy,
 not the CUDA kernels), and the caller says so.
+
+With --mtp K (``spec_serve_lock``) the batched run is the speculative engine on the mtp program
+(spec_engine.py); a greedy request must get exactly the plain program's tokens (run alone on
+it), a sampled one the tokens it gets alone on the mtp program (speculative sampling is exact in
+distribution, not token for token: tests/test_spec_sampling.py) and the plain program's first
+token (chosen by the same rule before any draft).
 """
 
 from __future__ import annotations
@@ -80,24 +86,60 @@ def serve_lock(backend_of, slots: int, chunk: int, cfg: ModelConfig) -> tuple[Ou
     return out, s
 
 
+def spec_serve_lock(plain_of, spec_of, slots: int, chunk: int,
+                    cfg: ModelConfig) -> tuple[Outcome, Stats]:
+    """The lock of ``run --mtp K`` (see the module docstring): ``plain_of(B)`` and ``spec_of(B)``
+    give the plain and the mtp program's backends. Rows: id, prompt, max_tokens, mode, tokens,
+    acceptance, status."""
+    from ..serve.spec_engine import SpecEngine
+
+    reqs = lock_requests(slots, chunk, cfg.vocab_size)
+    with plain_of(slots) as be:
+        plain = run_alone(be, reqs)
+    with spec_of(slots) as be:
+        alone = {r.id: SpecEngine(be).run([r])[0] for r in reqs}
+        eng = SpecEngine(be)
+        got = {r.id: r for r in eng.run(reqs)}
+    out = Outcome(ok=True)
+    for r in reqs:
+        p, a, g = plain[r.id], alone[r.id], got[r.id]
+        same = (a.token_ids, a.finish_reason) == (g.token_ids, g.finish_reason)
+        if r.sampling.greedy:
+            ok = same and (p.token_ids, p.finish_reason) == (g.token_ids, g.finish_reason)
+        else:
+            ok = same and p.token_ids[0] == g.token_ids[0]
+        out.ok &= ok
+        acc = "-" if g.acceptance is None else f"{g.acceptance:.2f}"
+        out.rows.append([str(r.id), str(len(r.prompt)), str(r.max_tokens),
+                         "greedy" if r.sampling.greedy else "sampled", str(len(g.token_ids)),
+                         acc, "ok" if ok else "MISMATCH"])
+    s = eng.stats
+    out.notes.append(f"{len(reqs)} requests through {slots} slots with --mtp {s.mtp}: {s.steps} "
+                     f"steps (prefill {s.prefill_steps}, verify {s.decode_steps}), slot occupancy "
+                     f"{s.occupancy:.2f}; acceptance {s.acceptance:.2f} ({s.drafts_accepted} of "
+                     f"{s.drafts_proposed} drafts)")
+    return out, s
+
+
 def ctx_for(slots: int, chunk: int, vocab: int) -> int:
     return max(len(r.prompt) + r.max_tokens - 1 for r in lock_requests(slots, chunk, vocab))
 
 
 def emu_backends(cfg: ModelConfig, lanes):
-    """backend_of for the emulated schedule (CPU)."""
-    from ..emu.backend import EmuBackend
+    """backend_of for the emulated schedule (CPU); the mtp program's with lanes.mtp."""
+    from ..serve.run import emu_backend
 
-    tensors = default_tensors(cfg)
+    tensors = default_tensors(cfg, mtp=bool(lanes.mtp))
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)
-    return lambda B: nullcontext(EmuBackend(cfg, lanes, tensors, ctx))
+    return lambda B: nullcontext(emu_backend(cfg, lanes, tensors, ctx))
 
 
 def gpu_backends(cfg: ModelConfig, lanes):
-    """backend_of for the emitted programs on the GPU (built and gated, cached)."""
+    """backend_of for the emitted programs on the GPU (built and gated, cached); the mtp
+    program's with lanes.mtp."""
     from ..serve.run import gpu_backend
 
-    tensors = default_tensors(cfg)
+    tensors = default_tensors(cfg, mtp=bool(lanes.mtp))
     ctx = ctx_for(lanes.batch, lanes.pt, cfg.vocab_size)
 
     @contextmanager

@@ -1,0 +1,67 @@
+"""The speculative engine's backend on the emulated schedule (``run --backend emu --mtp K``): the
+mtp program emitted for the lanes, its prefill and verify schedules executed in numpy
+(emu/schedule.py), driven by spec_engine.SpecProgramSlots exactly as the GPU backend drives the
+runtime. It runs the program's schedule, not its CUDA kernels.
+
+A slot's reset zeroes its GDN recurrent state, conv ring, GDN state slot and position, and fills
+its target and MTP K/V caches with NaN: a NaN in the logits the host reads (or in a kept token's
+choice) means the schedule read K/V that the new request had not written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..serve.spec_engine import SpecProgramSlots, spec_headroom
+from .schedule import Emu
+
+
+class EmuSpecBackend(SpecProgramSlots):
+    """B slots of an mtp program, emulated (spec_engine's backend)."""
+
+    def __init__(self, cfg: ModelConfig, lanes, tensors: dict, ctx: int):
+        from ..emit import emit_program
+
+        if not lanes.mtp:
+            raise UserError("EmuSpecBackend runs an mtp program; emit the lanes with --mtp K")
+        if ctx < 1:
+            raise UserError(f"ctx {ctx} must be ≥ 1")
+        man = emit_program(cfg, lanes).manifest
+        self.emu = Emu(man, cfg, tensors, tmax=ctx + spec_headroom(lanes.mtp))
+        self._setup(man, ctx)
+        self.vocab = cfg.vocab_size
+        self.emu.reset()
+
+    def _put(self, name, a):
+        self.emu.put(name, a)
+
+    def _get(self, name):
+        return self.emu.get(name)
+
+    check_logits = True
+
+    def _run(self, phase, start, stop):
+        self.emu.run(phase, start, stop)
+
+    def _check_rows(self, what, rows):
+        for b, r in rows.items():
+            if not np.isfinite(r).all():
+                raise RuntimeError(f"slot {b}: NaN in the {what} logits: the schedule read K/V "
+                                   "past the slot's position")
+
+    def _reset_state(self, slot):
+        emu = self.emu
+        for name, spec in self.manifest["buffers"].items():
+            if not (spec.get("state") or name == "pos"):
+                continue
+            a = emu.buf[name].reshape(emu._shape(name))
+            if name in ("pos", "slot"):                      # [B]
+                a[slot] = 0
+            elif name in ("conv", "rec", "kc", "vc"):        # [layers, B, ...]
+                a[:, slot] = 0 if name in ("conv", "rec") else np.nan
+            elif name in ("mkc", "mvc"):                     # [B, ...]: never read
+                a[slot] = np.nan
+            else:
+                raise ValueError(f"reset_slot does not know the state buffer {name!r}")

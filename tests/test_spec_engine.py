@@ -1,0 +1,249 @@
+"""`run --mtp K` on the CPU: the speculative engine (qwen38gen/serve/spec_engine.py) over B slots of the
+emulated mtp program (emu/spec_backend.py: the program's prefill and verify schedules in numpy).
+
+* The greedy lock: every request's tokens and finish reason equal the plain program's (the
+  plain engine on EmuBackend), at B = 1, 2, 3 and K = 1, 2, with prompts of 1 to 3 chunks of 4
+  and more requests than slots. The synthetic weights' MTP drafts are almost never the target's
+  argmax, so the drafts are also forced right (the plain run's tokens): runs of K+1 tokens a step
+  are kept, a stop id and max_tokens fall inside an accepted run, and the GDN state slot and the
+  MTP rows over several kept tokens are used. Half-forced drafts mix accepted and rejected.
+* Sampled requests (the host path: speculative sampling against sampling.py's rule): a request's
+  tokens are the same at B = 1 and B = 3 (not dependent on its slot or its neighbours), its first
+  token is the plain engine's, greedy neighbours still get the plain tokens.
+* A refill poisons the slot's target and MTP K/V with NaN: a read past the new request's
+  positions is an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen38gen.weights import default_tensors
+from qwen38gen.config import PRESETS
+from qwen38gen.emu.backend import EmuBackend
+from qwen38gen.emu.spec_backend import EmuSpecBackend
+from qwen38gen.serve.engine import Engine
+from qwen38gen.errors import UserError
+from qwen38gen.lanes import Lanes
+from qwen38gen.serve.requests import Request, default_seed
+from qwen38gen.sampling import SamplingParams
+from qwen38gen.serve.spec_engine import MtpResult, SpecEngine
+
+from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS thread)
+
+PT, CTX = 4, 20
+LENGTHS = (1, 9, 3, 12, 4)          # 1 to 3 chunks of 4
+MAX_TOKENS = (5, 1, 6, 4, 3)
+_C: dict = {}
+
+
+def tensors():
+    if "t" not in _C:
+        _C["t"] = default_tensors(PRESETS["tiny"], mtp=True)
+    return _C["t"]
+
+
+def requests(mode: str = "greedy", stop: dict | None = None) -> list[Request]:
+    rng = np.random.default_rng(9)
+    out = []
+    for i, (n, m) in enumerate(zip(LENGTHS, MAX_TOKENS)):
+        prompt = tuple(int(t) for t in rng.integers(0, 1024, n))
+        sp = SamplingParams()
+        if mode == "sampled" and i % 2 == 0:
+            sp = SamplingParams(temperature=0.8, seed=default_seed(5, i), top_k=2)
+        out.append(Request(f"r{i}", prompt, m, sampling=sp,
+                           stop_ids=frozenset((stop or {}).get(f"r{i}", ()))))
+    return out
+
+
+def plain(reqs: list[Request], key: str) -> dict:
+    """The plain program's results (the plain engine on the emulated plain program, B = 3)."""
+    if key not in _C:
+        be = EmuBackend(PRESETS["tiny"], Lanes.make(3, pt=PT), tensors(), CTX)
+        _C[key] = {r.id: (r.token_ids, r.finish_reason) for r in Engine(be).run(reqs)}
+    return _C[key]
+
+
+def spec(B: int, K: int, reqs, hook=None) -> tuple[dict, SpecEngine]:
+    be = EmuSpecBackend(PRESETS["tiny"], Lanes.make(B, pt=PT, mtp=K), tensors(), CTX)
+    eng = SpecEngine(be, draft_hook=hook)
+    res = eng.run(reqs)
+    assert all(isinstance(r, MtpResult) for r in res)
+    return {r.id: r for r in res}, eng
+
+
+def forced(want: dict, right=lambda position: True):
+    """Drafts forced to the plain run's tokens (right), or off by one where ``right`` is False."""
+    def hook(req, position, d):
+        i = position - len(req.prompt)
+        toks = want[req.id][0]
+        if not 0 <= i < len(toks):
+            return d
+        return toks[i] if right(position) else (toks[i] + 1) % 1024
+    return hook
+
+
+def greedy_stop() -> tuple[dict, dict]:
+    """Stop ids inside r0's and r3's plain outputs (their 3rd and 2nd tokens), so that with
+    drafts forced right the stop falls inside a kept run; and the plain results with them: the
+    unstopped plain tokens up to the first stop token (engine.py's stop rule)."""
+    base = plain(requests(), "greedy")
+    stop = {"r0": {base["r0"][0][2]}, "r3": {base["r3"][0][1]}}
+    want = dict(base)
+    for rid, ids in stop.items():
+        toks = base[rid][0]
+        i = next(i for i, t in enumerate(toks) if t in ids)
+        want[rid] = (toks[:i + 1], "stop")
+    return stop, want
+
+
+@pytest.mark.parametrize("K,B,drafts", [
+    (1, 2, "forced"),
+    pytest.param(1, 1, "forced", marks=pytest.mark.slow),
+    pytest.param(1, 3, "natural", marks=pytest.mark.slow),
+    pytest.param(2, 1, "half", marks=pytest.mark.slow),
+    pytest.param(2, 2, "natural", marks=pytest.mark.slow),
+    pytest.param(2, 3, "forced", marks=pytest.mark.slow),
+])
+def test_greedy_lock(K, B, drafts):
+    stop, want = greedy_stop()
+    reqs = requests(stop=stop)
+    assert len(want["r0"][0]) == 3 and len(want["r3"][0]) == 2     # cut by the stop ids
+    hook = {"forced": forced(want), "natural": None,
+            "half": forced(want, lambda p: p % 3 != 0)}[drafts]
+    got, eng = spec(B, K, reqs, hook)
+    assert {i: (r.token_ids, r.finish_reason) for i, r in got.items()} == want
+    s = eng.stats
+    assert s.output_tokens == sum(len(t) for t, _ in want.values())
+    assert s.drafts_proposed == sum(r.drafts_proposed for r in got.values())
+    assert all(r.drafts_proposed % K == 0 for r in got.values())
+    assert s.drafts_accepted == sum(r.drafts_accepted for r in got.values())
+    if drafts == "forced":
+        # every verify step keeps all K+1 tokens except where a request's run is cut
+        assert s.acceptance > 0.6 and s.as_dict()["tokens_per_verify"] > 1.5
+        assert got["r2"].drafts_accepted == got["r2"].drafts_proposed   # max_tokens cut inside
+    elif drafts == "half":
+        assert 0 < s.drafts_accepted < s.drafts_proposed
+    if B > 1:
+        assert s.steps < sum(-(-n // PT) + m - 1 for n, m in zip(LENGTHS, MAX_TOKENS))
+
+
+@pytest.mark.slow
+def test_sampled_does_not_depend_on_the_batch():
+    reqs = requests("sampled")
+    base = plain(requests(), "greedy")
+    hook = forced(base)     # drafts: the greedy stream, kept about half the time at top_k 2
+    one, e1 = spec(1, 2, reqs, hook)
+    three, e3 = spec(3, 2, reqs, hook)
+    assert {i: r.token_ids for i, r in one.items()} == {i: r.token_ids for i, r in three.items()}
+    for r in reqs:
+        if r.sampling.greedy:
+            assert three[r.id].token_ids == base[r.id][0]
+    sampled = [r for r in reqs if not r.sampling.greedy]
+    plain_sampled = plain(reqs, "sampled")
+    for r in sampled:   # the first token: sampling.sample at the prompt's end, as the plain engine
+        assert three[r.id].token_ids[0] == plain_sampled[r.id][0][0]
+    acc = sum(three[r.id].drafts_accepted for r in sampled)
+    prop = sum(three[r.id].drafts_proposed for r in sampled)
+    assert 0 < acc < prop                  # both the accept and the residual path ran
+
+
+def test_sampled_host_path_b2():
+    """A sampled and a greedy request share a step: the host path (schedule cut at the accept
+    kernel) gives the greedy one the plain tokens."""
+    reqs = requests("sampled")[:2]
+    want = plain(requests(), "greedy")
+    got, eng = spec(2, 1, reqs, forced(want))
+    assert got["r1"].token_ids == want["r1"][0]
+    assert len(got["r0"].token_ids) == MAX_TOKENS[0]
+    assert got["r0"].token_ids != want["r0"][0]           # sampled: not the greedy stream
+    assert got["r0"].drafts_proposed == MAX_TOKENS[0] - 1 - got["r0"].drafts_accepted
+
+
+def test_refill_poisons_mtp_kv():
+    be = EmuSpecBackend(PRESETS["tiny"], Lanes.make(2, pt=PT, mtp=1), tensors(), CTX)
+    be.reset_slot(1)
+    assert np.isnan(be.emu.get("mkc")[1]).all() and not np.isnan(be.emu.get("mkc")[0]).any()
+    assert np.isnan(be.emu.get("kc")[:, 1]).all()
+    be.emu.buf["slot"][1] = 1
+    be.reset_slot(1)
+    assert be.emu.get("slot")[1] == 0 and be.pos[1] == 0
+    be.prefill([[], [1, 2, 3]], [None, None], {1: 3})
+    with pytest.raises(RuntimeError, match=r"^slot 1: the program's position 3 is not the "
+                                           r"position 4 of the token it feeds$"):
+        be.verify({1: 5})
+    # K/V the request did not write (poisoned as after a refill) read by the verify: an error
+    kc = be.emu.buf["kc"].reshape(be.emu._shape("kc"))
+    kc[:, 1, :, 1] = np.nan
+    with pytest.raises(RuntimeError, match=r"^slot 1: NaN in the verify logits"):
+        be.verify({1: 4})
+
+
+def test_bad_use():
+    cfg = PRESETS["tiny"]
+    with pytest.raises(UserError, match=r"^EmuSpecBackend runs an mtp program; emit the lanes "
+                                        r"with --mtp K$"):
+        EmuSpecBackend(cfg, Lanes.make(1, pt=PT), {}, CTX)
+    be = EmuSpecBackend(cfg, Lanes.make(1, pt=PT, mtp=1), tensors(), 4)
+    with pytest.raises(ValueError, match=r"^a prefill chunk is 1 lists of at most 4 tokens$"):
+        be.prefill([[1, 2, 3, 4, 5]], [None], {0: 5})
+    be.pos[0] = 2
+    with pytest.raises(ValueError, match=r"^slot 0: position 2 \+ 4 tokens passes the context 4$"):
+        be.prefill([[1, 2, 3, 4]], [None], {0: 6})
+
+
+class EmuRuntime:
+    """The runtime's interface over the emulated schedule, recording how phases are run: a
+    whole phase (``run_phase``: a CUDA graph replay on the GPU) or a list of launches."""
+
+    def __init__(self, B, K):
+        cfg = PRESETS["tiny"]
+        self.inner = EmuSpecBackend(cfg, Lanes.make(B, pt=PT, mtp=K), tensors(), CTX)
+        self.emu, self.cfg, self.mtp = self.inner.emu, cfg, K
+        self.manifest, self.tmax = self.inner.manifest, self.emu.tmax
+        self.launches = {ph: [(ph, i) for i in range(len(s))]
+                         for ph, s in self.manifest["schedule"].items() if isinstance(s, list)}
+        self.log = []
+
+    def reset(self):
+        self.emu.reset()
+
+    def reset_slot(self, b):
+        self.inner._reset_state(b)
+
+    def put(self, name, a):
+        self.emu.put(name, a)
+
+    def get(self, name):
+        return self.emu.get(name)
+
+    def run_phase(self, phase):
+        self.log.append(("graph", phase))
+        self.emu.run(phase)
+
+    def launch_list(self, launches):
+        self.log.append(("launches", launches[0][0], launches[0][1], len(launches)))
+        for ph, i in launches:
+            self.emu.run(ph, i, i + 1)
+
+
+def test_runtime_spec_backend_drives_the_program_as_the_emulator():
+    """RuntimeSpecBackend (the GPU backend's host side) over a stand-in runtime that executes the
+    schedule in numpy: the same tokens as EmuSpecBackend; greedy-only steps replay a whole phase,
+    a step with a sampled slot runs the two halves around the accept kernel (the host path)."""
+    from qwen38gen.serve.spec_engine import RuntimeSpecBackend, spec_headroom
+
+    s = requests("sampled")
+    reqs = [s[3], s[0]]                       # greedy, then sampled (r0 and r2 sample)
+    rt = EmuRuntime(1, 1)
+    with pytest.raises(UserError, match=r"needs"):
+        RuntimeSpecBackend(rt, rt.tmax)
+    be = RuntimeSpecBackend(rt, rt.tmax - spec_headroom(1))
+    got = {r.id: r.token_ids for r in SpecEngine(be).run(reqs)}
+    want, _ = spec(1, 1, reqs)
+    assert got == {i: r.token_ids for i, r in want.items()}
+    cut = be.cut["verify"]
+    assert ("graph", "verify") in rt.log and ("launches", "verify", 0, cut) in rt.log
+    assert ("launches", "verify", cut + 1, len(rt.launches["verify"]) - cut - 1) in rt.log
+    assert ("launches", "prefill", 0, be.cut["prefill"]) in rt.log
