@@ -42,16 +42,31 @@ class _StdoutConsole(Console):
     gets 200 columns rather than rich's 80, so that the bench and gate tables keep every digit
     in a log; a terminal keeps its own width."""
 
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._set_width = None   # a width set on this object (a test), over COLUMNS and 200
+
     @property
     def size(self) -> ConsoleDimensions:
         size = Console.size.fget(self)
-        if self._width is None and not _isatty(sys.stdout):
+        if self._set_width is not None:
+            return ConsoleDimensions(self._set_width, size.height)
+        if not _isatty(sys.stdout):
             return ConsoleDimensions(200, size.height)
         return size
 
     @size.setter
     def size(self, new) -> None:
         Console.size.fset(self, new)
+        self._set_width = new[0]
+
+    @property
+    def width(self) -> int:
+        return self.size.width
+
+    @width.setter
+    def width(self, width: int) -> None:
+        self._set_width = width
 
 
 out = _StdoutConsole(highlight=False)

@@ -103,12 +103,22 @@ def test_run_writes_a_fifo_in_place(capsys, tmp_path):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and names(tmp_path) == ["fifo", "r.jsonl"]
 
 
+def null_device(tmp_path) -> Path:
+    """A null device of the test's own (as root, mknod): code that replaces its target must not
+    take the machine's /dev/null with it. Unprivileged, /dev/null itself: /dev is not writable."""
+    if os.geteuid() != 0:
+        return Path("/dev/null")
+    p = tmp_path / "null"
+    os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return p
+
+
 def test_run_onto_dev_null_leaves_the_device(capsys, tmp_path):
     req = requests(tmp_path / "r.jsonl")
-    rc, out, err = invoke(capsys, *run_args("--prompts", req, "--output", "/dev/null",
-                                            "--json", "/dev/null"))
+    null = null_device(tmp_path)
+    rc, out, err = invoke(capsys, *run_args("--prompts", req, "--output", null, "--json", null))
     assert rc == 0, err
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert stat.S_ISCHR(os.stat(null).st_mode)
 
 
 # ------------------------------------------- item 3: an unwritable target, found before the run
