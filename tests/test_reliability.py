@@ -505,3 +505,22 @@ def test_a_gptq_folder_given_as_weights_says_to_quantize(tmp_path):
     with pytest.raises(UserError, match=r"is a gptq int4 checkpoint.*qwen38gen quantize .*/g "
                                         r"-o g-q4"):
         load_any(tmp_path / "g", PRESETS["tiny"])
+
+
+# ------------------------------------------------------------- found by tests/test_fuzz.py
+@pytest.mark.parametrize("key,value,pattern", [
+    ("num_hidden_layers", 174958036117391182640, r"num_hidden_layers is 174958036117391182640; "
+                                                 r"expected an integer ≤ 4096"),
+    ("vocab_size", 2**40, r"vocab_size is 1099511627776; expected an integer ≤ 2147483647"),
+])
+def test_a_config_size_too_large_is_refused_at_once(capsys, tmp_path, key, value, pattern):
+    """num_hidden_layers 1.7e20 built a layer list for minutes, to the machine's memory."""
+    from qwen38gen.config import PRESETS
+
+    raw = PRESETS["tiny"].to_hf_dict()
+    raw[key] = value
+    raw.pop("layer_types", None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    t0 = time.monotonic()
+    assert_user_error(*invoke(capsys, "info", tmp_path / "config.json"), pattern)
+    assert time.monotonic() - t0 < 5
