@@ -513,7 +513,13 @@ class ModelConfig:
             raise UserError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
         except (ValueError, RecursionError) as e:   # bad JSON, bad UTF-8, a 5000-digit number
             raise UserError(f"config file {str(p)!r} is not valid JSON: {e}") from None
-        return cls.from_hf_dict(raw, name=p.parent.name or p.stem)
+        name = p.parent.name or p.stem
+        try:
+            return cls.from_hf_dict(raw, name=name)
+        except UserError as e:   # name the file the user gave, not the folder it is in
+            msg, head = str(e), f"config {name!r}: "
+            raise UserError(f"config file {str(p)!r}: "
+                            f"{msg[len(head):] if msg.startswith(head) else msg}") from None
 
 
 PRESETS: dict[str, ModelConfig] = {name: ModelConfig(name=name, **fields)

@@ -524,3 +524,10 @@ def test_a_config_size_too_large_is_refused_at_once(capsys, tmp_path, key, value
     t0 = time.monotonic()
     assert_user_error(*invoke(capsys, "info", tmp_path / "config.json"), pattern)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_bad_config_file_is_named_by_its_path_not_its_folder(capsys, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert_user_error(*invoke(capsys, "info", tmp_path / "m"),
+                      r"^error: config file '.*/m/config\.json': missing key 'num_hidden_layers'")
