@@ -531,3 +531,10 @@ def test_a_bad_config_file_is_named_by_its_path_not_its_folder(capsys, tmp_path)
     (tmp_path / "m" / "config.json").write_text("{}")
     assert_user_error(*invoke(capsys, "info", tmp_path / "m"),
                       r"^error: config file '.*/m/config\.json': missing key 'num_hidden_layers'")
+
+
+@pytest.mark.parametrize("args", [("--mtp", "-1"), ("--mtp=-1",)])
+def test_a_negative_optional_value_names_its_option(capsys, tmp_path, args):
+    assert_user_error(*invoke(capsys, "emit", "--batch", "2", *args, "-o", tmp_path / "x.cu"),
+                      r"^error: --mtp -1: a negative value is not accepted; see `qwen38gen emit -h`")
+    assert names(tmp_path) == []
