@@ -41,16 +41,31 @@ class _StdoutConsole(Console):
     gets 200 columns rather than rich's 80, so that the bench and gate tables keep every digit
     in a log; a terminal keeps its own width."""
 
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._set_width = None   # a width set on this object (a test), over COLUMNS and 200
+
     @property
     def size(self) -> ConsoleDimensions:
         size = Console.size.fget(self)
-        if self._width is None and not _isatty(sys.stdout):
+        if self._set_width is not None:
+            return ConsoleDimensions(self._set_width, size.height)
+        if not _isatty(sys.stdout):
             return ConsoleDimensions(200, size.height)
         return size
 
     @size.setter
     def size(self, new) -> None:
         Console.size.fset(self, new)
+        self._set_width = new[0]
+
+    @property
+    def width(self) -> int:
+        return self.size.width
+
+    @width.setter
+    def width(self, width: int) -> None:
+        self._set_width = width
 
 
 out = _StdoutConsole(highlight=False)
@@ -948,6 +963,23 @@ def _interrupted_line(e) -> str:
             f"{'was' if len(done) == 1 else 'were'} written completely")
 
 
+def _negative_value(token: str, argv) -> str | None:
+    """`--mtp -1`: click reads the -1 of an option whose value is optional as an option of its
+    own ("No such option '-1'"); say which option got a negative number instead."""
+    import re
+
+    if not re.fullmatch(r"-[0-9.]+", token or ""):
+        return None
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(args):
+        opt = a.split("=", 1)[0] if a.endswith("=" + token) else (
+            args[i - 1] if a == token and i > 0 else None)
+        if opt is not None and opt.startswith("--"):
+            return (f"{opt} {token}: a negative value is not accepted; see `qwen38gen "
+                    f"{args[0] if args and not args[0].startswith('-') else 'COMMAND'} -h`")
+    return None
+
+
 def _run(argv):
     """The command's exit code; every failure a user can meet is one line on stderr: a
     UserError, a usage error, an OSError (a full disk, a closed or broken stdout, an unreadable
@@ -975,6 +1007,9 @@ def _run(argv):
         return 1
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.NoSuchOption as e:
+        _say(f"error: {_negative_value(e.option_name, argv) or e.format_message()}")
+        return 2
     except click.UsageError as e:
         _say(f"error: {e.format_message()}")
         return 2

@@ -24,6 +24,9 @@ from .hf_fields import HfFields
 from .presets import FULL, LINEAR, PRESET_FIELDS, PUBLISHED, hybrid as _hybrid  # noqa: F401 (re-exported)
 
 LAYER_TYPES = (LINEAR, FULL)
+# More decoder layers than any checkpoint has (the 27B has 64): a larger count is a typo, and the
+# per-layer lists built from it would take the machine's memory.
+MAX_LAYERS = 4096
 
 # int4 g128: 4 bits per weight plus one bf16 scale per 128 weights (docs/PERFORMANCE.md).
 INT4_GROUP = 128
@@ -434,7 +437,7 @@ class ModelConfig:
         del arch
 
         f = HfFields(cfg, name)
-        n_layers = f.integer("num_hidden_layers")
+        n_layers = f.integer("num_hidden_layers", most=MAX_LAYERS)
         layer_types = cfg.get("layer_types")
         if layer_types is None:
             interval = f.integer("full_attention_interval", 4)
@@ -510,7 +513,13 @@ class ModelConfig:
             raise UserError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
         except (ValueError, RecursionError) as e:   # bad JSON, bad UTF-8, a 5000-digit number
             raise UserError(f"config file {str(p)!r} is not valid JSON: {e}") from None
-        return cls.from_hf_dict(raw, name=p.parent.name or p.stem)
+        name = p.parent.name or p.stem
+        try:
+            return cls.from_hf_dict(raw, name=name)
+        except UserError as e:   # name the file the user gave, not the folder it is in
+            msg, head = str(e), f"config {name!r}: "
+            raise UserError(f"config file {str(p)!r}: "
+                            f"{msg[len(head):] if msg.startswith(head) else msg}") from None
 
 
 PRESETS: dict[str, ModelConfig] = {name: ModelConfig(name=name, **fields)

@@ -30,11 +30,17 @@ class HfFields:
                             "text config")
         return default
 
-    def integer(self, key: str, default=_MISSING, least: int = 1) -> int:
+    # Every size the kernels index is an int32; a larger one is a typo, not a model (and a list
+    # built from it would take the machine's memory).
+    MOST = 2**31 - 1
+
+    def integer(self, key: str, default=_MISSING, least: int = 1, most: int = MOST) -> int:
         v = self._get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < least:
             raise self.wrong(key, v, "a positive integer" if least == 1
                              else f"an integer ≥ {least}")
+        if v > most:
+            raise self.wrong(key, v, f"an integer ≤ {most}")
         return v
 
     def number(self, key: str, default=_MISSING) -> float:

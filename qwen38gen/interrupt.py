@@ -86,6 +86,18 @@ def handling():
             signal.signal(s, h)
 
 
+def in_worker() -> None:
+    """The initializer of a worker process forked from a command: a terminal's Ctrl-C is the
+    parent's to handle (ignored here), SIGTERM and SIGHUP end the worker at once; the parent's
+    handlers and children are not its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    _state.update(depth=0, stopping=None, pending=None, defer=0)
+    with _lock:
+        _children.clear()
+
+
 @contextlib.contextmanager
 def critical():
     """Defer a signal until the block is done (a few renames that go together); then raise it."""

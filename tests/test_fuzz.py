@@ -43,8 +43,23 @@ def bounded_memory():
         resource.setrlimit(resource.RLIMIT_AS, old)
 
 
+CASE_SECONDS = 30   # one input that runs longer is a finding (a hang), not a slow test
+
+
+class TooSlow(BaseException):   # not caught by an `except Exception` under test
+    pass
+
+
+def _too_slow(signum, frame):
+    raise TooSlow(f"over {CASE_SECONDS} s")
+
+
 def outcome(capsys, args) -> tuple[int, str, str] | str:
     """(exit code, stdout, stderr), or the traceback of an exception that escaped main."""
+    import signal
+
+    old = signal.signal(signal.SIGALRM, _too_slow)
+    signal.alarm(CASE_SECONDS)
     try:
         cli.main([str(a) for a in args])
         code = 0
@@ -53,6 +68,9 @@ def outcome(capsys, args) -> tuple[int, str, str] | str:
     except BaseException:   # noqa: B902 - a finding, not a test error
         capsys.readouterr()
         return traceback.format_exc(limit=-3)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     o = capsys.readouterr()
     return code, o.out, o.err
 

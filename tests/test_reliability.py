@@ -103,12 +103,22 @@ def test_run_writes_a_fifo_in_place(capsys, tmp_path):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and names(tmp_path) == ["fifo", "r.jsonl"]
 
 
+def null_device(tmp_path) -> Path:
+    """A null device of the test's own (as root, mknod): code that replaces its target must not
+    take the machine's /dev/null with it. Unprivileged, /dev/null itself: /dev is not writable."""
+    if os.geteuid() != 0:
+        return Path("/dev/null")
+    p = tmp_path / "null"
+    os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return p
+
+
 def test_run_onto_dev_null_leaves_the_device(capsys, tmp_path):
     req = requests(tmp_path / "r.jsonl")
-    rc, out, err = invoke(capsys, *run_args("--prompts", req, "--output", "/dev/null",
-                                            "--json", "/dev/null"))
+    null = null_device(tmp_path)
+    rc, out, err = invoke(capsys, *run_args("--prompts", req, "--output", null, "--json", null))
     assert rc == 0, err
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert stat.S_ISCHR(os.stat(null).st_mode)
 
 
 # ------------------------------------------- item 3: an unwritable target, found before the run
@@ -190,9 +200,7 @@ def test_a_signal_during_run_output_leaves_no_temp(tmp_path, sig, code):
 def test_quantize_interrupted_after_its_rename_says_the_output_is_complete(capsys, tmp_path,
                                                                            monkeypatch):
     """Not "aborted" over a complete output: the line says what was written."""
-    import cli
     import qwen38gen.quantize as Q
-    from qwen38gen.config import PRESETS
     from qwen38gen.weights import save_checkpoint, synthetic_weights
 
     from .test_file_modes import SMALL
@@ -210,7 +218,6 @@ def test_quantize_interrupted_after_its_rename_says_the_output_is_complete(capsy
     assert rc == 143 and "aborted" not in err
     assert err.strip() == f"interrupted by SIGTERM after {str(tmp_path / 'q4')!r} was written completely"
     assert "quantization.json" in names(tmp_path / "q4") and names(tmp_path) == ["hf", "q4"]
-    assert PRESETS and cli
 
 
 FAKE_NVCC = """#!/bin/sh
@@ -495,3 +502,36 @@ def test_a_gptq_folder_given_as_weights_says_to_quantize(tmp_path):
     with pytest.raises(UserError, match=r"is a gptq int4 checkpoint.*qwen38gen quantize .*/g "
                                         r"-o g-q4"):
         load_any(tmp_path / "g", PRESETS["tiny"])
+
+
+# ------------------------------------------------------------- found by tests/test_fuzz.py
+@pytest.mark.parametrize("key,value,pattern", [
+    ("num_hidden_layers", 174958036117391182640, r"num_hidden_layers is 174958036117391182640; "
+                                                 r"expected an integer ≤ 4096"),
+    ("vocab_size", 2**40, r"vocab_size is 1099511627776; expected an integer ≤ 2147483647"),
+])
+def test_a_config_size_too_large_is_refused_at_once(capsys, tmp_path, key, value, pattern):
+    """num_hidden_layers 1.7e20 built a layer list for minutes, to the machine's memory."""
+    from qwen38gen.config import PRESETS
+
+    raw = PRESETS["tiny"].to_hf_dict()
+    raw[key] = value
+    raw.pop("layer_types", None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    t0 = time.monotonic()
+    assert_user_error(*invoke(capsys, "info", tmp_path / "config.json"), pattern)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_bad_config_file_is_named_by_its_path_not_its_folder(capsys, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert_user_error(*invoke(capsys, "info", tmp_path / "m"),
+                      r"^error: config file '.*/m/config\.json': missing key 'num_hidden_layers'")
+
+
+@pytest.mark.parametrize("args", [("--mtp", "-1"), ("--mtp=-1",)])
+def test_a_negative_optional_value_names_its_option(capsys, tmp_path, args):
+    assert_user_error(*invoke(capsys, "emit", "--batch", "2", *args, "-o", tmp_path / "x.cu"),
+                      r"^error: --mtp -1: a negative value is not accepted; see `qwen38gen emit -h`")
+    assert names(tmp_path) == []

@@ -20,6 +20,7 @@ import numpy as np
 from ..build import build
 from ..config import PRESETS, ModelConfig
 from ..errors import UserError
+from ..interrupt import in_worker
 from ..lanes import Lanes
 from ..outputs import write_text
 from ..weights import default_tensors
@@ -86,8 +87,11 @@ def reference_runs(pairs: list[tuple[list[int], list[int]]]):
     jobs = max(1, min(len(pairs), os.cpu_count() or 1))
     if jobs == 1:
         return [_ref_worker(p) for p in pairs]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=in_worker)
+    try:
         return list(pool.map(_ref_worker, pairs))
+    finally:   # on a signal: drop the runs not started; the workers end with their current one
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
