@@ -374,7 +374,7 @@ def _lanes_options(f):
         click.option("--btg", type=int, default=None, help="Batch tile (default from B)."),
         click.option("--pt", type=int, default=None, help="Prefill chunk ($QWEN38_PT, else 16)."),
         click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
-                     flag_value=1, help="MTP draft tokens (check: speculative decoding)."),
+                     flag_value=1, help="MTP draft tokens (run, check: speculative decoding)."),
         click.option("--arch", default=DEFAULT_ARCH, show_default=True),
         click.option("--lm-head", default="int4", show_default=True),
     ]):
