@@ -247,3 +247,16 @@ def test_runtime_spec_backend_drives_the_program_as_the_emulator():
     assert ("graph", "verify") in rt.log and ("launches", "verify", 0, cut) in rt.log
     assert ("launches", "verify", cut + 1, len(rt.launches["verify"]) - cut - 1) in rt.log
     assert ("launches", "prefill", 0, be.cut["prefill"]) in rt.log
+
+
+@pytest.mark.slow
+def test_context_cut_inside_a_kept_run():
+    """A request that reaches the context (prompt 12 + 15 new tokens > CTX 20) stops where the
+    plain engine stops ("length" at position CTX), with drafts forced right at K = 2."""
+    rng = np.random.default_rng(3)
+    reqs = [Request("long", tuple(int(t) for t in rng.integers(0, 1024, 12)), 15)]
+    want = plain(reqs, "ctx")
+    assert want["long"][1] == "length" and len(want["long"][0]) == CTX - 12 + 1
+    got, eng = spec(1, 2, reqs, forced(want))
+    assert (got["long"].token_ids, got["long"].finish_reason) == want["long"]
+    assert eng.stats.drafts_accepted > 0
