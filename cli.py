@@ -304,7 +304,7 @@ def _lanes_options(f=None, *, batch_required: bool = False):
                          help="Prefill chunk width (default: $QWEN38_PT, else 16)."),
             click.option("--mtp", type=int, default=0, show_default=True, is_flag=False,
                          flag_value=1, help="MTP draft tokens per verify pass, 1..4 (0: off; "
-                         "--mtp alone: 1): the speculative-decoding program (emit; run, check: speculative decoding)."),
+                         "--mtp alone: 1): speculative decoding with the MTP drafter."),
             click.option("--arch", default=DEFAULT_ARCH, show_default=True),
             click.option("--lm-head", default="int4", show_default=True,
                          help="lm_head precision."),
