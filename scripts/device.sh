@@ -13,7 +13,8 @@
 #   tests: the GPU tests (JOBS=16), check at B in CHECK_B (1 3 16 64) and check --mtp 1 at B in
 #          MTP_CHECK_B (1 16, own and forced drafts);
 #   rest:  the continuous-batching and sampling lock (run --backend gpu on a requests file at
-#          --batch 3 against --batch 1), check --reference qwen3.5-0.8b (synthetic int4 weights
+#          --batch 3 against --batch 1), the speculative serve lock (check --serve --mtp 1 --batch 3,
+#          SPEC_LOCK=0 skips it), check --reference qwen3.5-0.8b (synthetic int4 weights
 #          against the numpy reference), bench --batch 1,16,64 --peers (json, png and text under
 #          $OUT), compute-sanitizer memcheck and racecheck on one prefill chunk, one decode step
 #          and one continuous-batching refill at B = 3 (scripts/one_step.py 3 refill);

@@ -115,6 +115,8 @@ for part in $PARTS; do
   else
     [ "${RUN_LOCK:-1}" = 1 ] && step lock "run --backend gpu --batch 3 = --batch 1" '^run lock' \
       bash -c run_lock
+    [ "${SPEC_LOCK:-1}" = 1 ] && step lock "check --serve --mtp 1 --batch 3 (run --mtp)" \
+      'PASS|FAIL|error' $Q check --serve --mtp 1 --batch 3
     [ -n "${REF_MODEL-qwen3.5-0.8b}" ] && step lock "check --reference ${REF_MODEL-qwen3.5-0.8b} --batch ${REF_B:-3}" \
       'PASS|FAIL|error' $Q check --reference "${REF_MODEL-qwen3.5-0.8b}" --batch "${REF_B:-3}"
     # bench_step runs in a child bash (step's timeout needs a command): export the batch list,

@@ -35,6 +35,8 @@ VERIFY_PROGRAMS = (
     "tiny:1", "tiny:3", "tiny:16", "tiny:64",          # check; one_step.py (sanitizer) at B = 3
     "tiny:1:1", "tiny:16:1",                           # check --mtp 1
     "tiny:2:1",                                        # tests/gpu/test_nan_locks.py (+ tiny:3, tiny:2:pt8)
+    "tiny:2:1:pt8", "tiny:3:1:pt8",                    # tests/gpu/test_serve_lock.py, --mtp 1
+    "tiny:3:1",                                        # check --serve --mtp 1 --batch 3 (+ tiny:3)
     "tiny:1:pt8",                                      # run --batch 3 against --batch 1 (pt 8)
     "qwen3.5-0.8b:3",                                  # check --reference qwen3.5-0.8b --batch 3
     "hf-e2e:2", "hf-e2e:5",                            # tests/gpu/test_hf_end_to_end.py

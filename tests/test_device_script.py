@@ -92,15 +92,16 @@ def test_rest_part_all_pass_and_bench_files(tree):
     r = rows(log)
     assert [x[:3] for x in r[:-2]] == [
         ("lock", "run --backend gpu --batch 3 = --batch 1", "PASS"),
+        ("lock", "check --serve --mtp 1 --batch 3 (run --mtp)", "PASS"),
         ("lock", "check --reference qwen3.5-0.8b --batch 3", "PASS"),
         ("bench", "bench 27B --batch 1,16,64 --peers", "PASS"),
         ("sanitizer", "memcheck B=3: prefill, decode, refill, decode", "PASS"),
         ("sanitizer", "racecheck B=3: prefill, decode, refill, decode", "PASS"),
     ]
     assert r[0][3] == "run lock: 2 requests, every line at --batch 3 equal to --batch 1"
-    assert r[2][3] == ("bench: B=1 4.99 ms 200 tok/s 64% of floor; "
+    assert r[3][3] == ("bench: B=1 4.99 ms 200 tok/s 64% of floor; "
                        "B=64 17.35 ms 3689 tok/s 51% of floor")
-    assert r[3][3] == "========= ERROR SUMMARY: 0 errors"
+    assert r[4][3] == "========= ERROR SUMMARY: 0 errors"
     assert sorted(f.name for f in (tree.parent / "out").iterdir()) == [
         "bench.json", "bench.png", "bench.txt", "verify-rest.log"]
 
@@ -136,7 +137,7 @@ def test_all_runs_both_parts_into_one_log(tree):
     assert log[0] == f"commit {HASH}"
     assert [x[1] for x in rows(log)][:5] == [
         "pytest tests/gpu (JOBS=16)", "check --batch 1", "run --backend gpu --batch 3 = --batch 1",
-        "check --reference qwen3.5-0.8b --batch 3", "memcheck B=3: prefill, decode, refill, decode"]
+        "check --serve --mtp 1 --batch 3 (run --mtp)", "check --reference qwen3.5-0.8b --batch 3"]
 
 
 def test_a_spent_budget_skips_the_steps(tree):
@@ -224,12 +225,13 @@ def test_device_commit_files_two_calls_as_one_log(tree, repo, tmp_path):
     assert steps == ["pytest tests/gpu (JOBS=16)", "check --batch 1",
                      "programs compiled here (not from .cache)", f"tree = commit {HASH[:12]}",
                      "run --backend gpu --batch 3 = --batch 1",
+                     "check --serve --mtp 1 --batch 3 (run --mtp)",
                      "check --reference qwen3.5-0.8b --batch 3",
                      "bench 27B --batch 1,16,64 --peers",
                      "memcheck B=3: prefill, decode, refill, decode",
                      "programs compiled here (not from .cache)", f"tree = commit {HASH[:12]}"]
     verdicts = [x.split(",")[:2] for x in log[i:] if x.startswith("verify ")]
-    assert verdicts == [["verify tests: 4 rows", " 0 failed"], ["verify rest: 6 rows", " 0 failed"]]
+    assert verdicts == [["verify tests: 4 rows", " 0 failed"], ["verify rest: 7 rows", " 0 failed"]]
     status = sorted(_git(repo, "status", "--porcelain").splitlines())
     assert status == sorted([
         "A  bench/2026-12-06-h200-v23-verify.log", "A  bench/2026-12-06-h200-v23.json",
