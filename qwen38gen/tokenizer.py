@@ -13,6 +13,7 @@ Needs the ``text`` extra (``pip install 'qwen38gen[text]'``); only this module i
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ MAX_RENDERED_CHARS = 1 << 24
 # Operands of * and ** in a template are bounded: 'x' * 10**12 stops before it allocates.
 MAX_REPEAT = 1 << 20
 MAX_EXPONENT = 4096
+MAX_RENDER_SECONDS = 10.0   # a template's loops that print nothing are bounded in time only
 
 
 def _read_json(p: Path) -> dict:
@@ -102,22 +104,55 @@ class Tokenizer:
         specials = {k: _token_text(self._config.get(k))
                     for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
-            chunks, n = [], 0
-            for c in env.from_string(self.chat_template).generate(
-                    messages=messages, add_generation_prompt=add_generation_prompt,
-                    enable_thinking=enable_thinking, **specials):
-                n += len(c)
-                if n > MAX_RENDERED_CHARS:
-                    raise UserError(f"{where}: the rendered prompt passes {MAX_RENDERED_CHARS:,} "
-                                    "characters; the template runs away (check its loops)")
-                chunks.append(c)
-            return "".join(chunks)
+            with _deadline(MAX_RENDER_SECONDS, where):
+                chunks, n = [], 0
+                for c in env.from_string(self.chat_template).generate(
+                        messages=messages, add_generation_prompt=add_generation_prompt,
+                        enable_thinking=enable_thinking, **specials):
+                    n += len(c)
+                    if n > MAX_RENDERED_CHARS:
+                        raise UserError(f"{where}: the rendered prompt passes "
+                                        f"{MAX_RENDERED_CHARS:,} characters; the template runs "
+                                        "away (check its loops)")
+                    chunks.append(c)
+                return "".join(chunks)
         except UserError:
             raise
         except jinja2.TemplateError as e:
             raise UserError(f"{where}: {e}") from None
         except (Exception, RecursionError, MemoryError) as e:   # {{1/0}}, {{'a'+1}}, include …
             raise UserError(f"{where} fails while rendering: {type(e).__name__}: {e}") from None
+
+
+class _Overtime(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, where: str):
+    """A UserError if the block runs longer than ``seconds`` (SIGALRM's real-time timer; on the
+    main thread only, where Python can deliver it: elsewhere the block runs unbounded)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal,
+                                                                                 "setitimer"):
+        yield
+        return
+
+    def overtime(signum, frame):
+        raise _Overtime()
+
+    old = signal.signal(signal.SIGALRM, overtime)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Overtime:
+        raise UserError(f"{where}: rendering took over {seconds:g} s; the template runs away "
+                        "(check its loops)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _bounded_env():

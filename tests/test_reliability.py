@@ -349,6 +349,27 @@ def test_a_failing_chat_template_is_a_template_error_naming_the_file(tmp_path, t
         tok.render_chat([{"role": "user", "content": "hi"}])
 
 
+def test_a_chat_template_whose_loops_print_nothing_is_bounded_in_time(tmp_path, monkeypatch):
+    """Nested loops that write nothing pass no size bound: the render's deadline stops them."""
+    pytest.importorskip("tokenizers")
+    import time
+
+    from qwen38gen import tokenizer as T
+    from qwen38gen.errors import UserError
+    from tests.test_tokenizer import small_model_dir
+
+    monkeypatch.setattr(T, "MAX_RENDER_SECONDS", 0.5)
+    d = small_model_dir(tmp_path / "m", template_in="jinja")
+    (d / "chat_template.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    tok = T.load_tokenizer(d)
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"chat template '.*chat_template\.jinja': rendering took "
+                                        r"over 0\.5 s; the template runs away"):
+        tok.render_chat([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 5
+
+
 def test_a_chat_template_that_is_not_utf8_is_named(tmp_path):
     pytest.importorskip("tokenizers")
     from qwen38gen.errors import UserError
