@@ -898,10 +898,11 @@ def perf_cmd(model, batches, ctx, design, measured_file, calibration_file, json_
     if design not in P.DESIGNS:
         raise UserError(f"--design {design!r} is unknown; choose one of {', '.join(P.DESIGNS)}")
     cfg = load_config(model)
-    if calibration_file is None and not P.DEFAULT_CALIBRATION.is_file():
-        raise UserError(f"the committed calibration run {P.DEFAULT_CALIBRATION} is not here (an "
-                        "installed package has no bench/); give --calibration F.json")
-    fit = P.calibrate(P.load_measured(calibration_file or P.DEFAULT_CALIBRATION))
+    if calibration_file is None:
+        from qwen38gen.resources import calibration_file as committed
+
+        calibration_file = committed()   # packaged with the wheel; a UserError if missing
+    fit = P.calibrate(P.load_measured(calibration_file))
     meas = P.load_measured(measured_file) if measured_file else None
     preds = P.predict(cfg, bs, ctx, fit, design, meas)
     for part in R.perf_tables(cfg, ctx, fit, preds):

@@ -1,7 +1,8 @@
-"""Where the package's data lives: the kernel headers (kernels/) and the golden runs (golden/).
+"""Where the package's data lives: the kernel headers (kernels/), the golden runs (golden/) and
+the timing model's calibration run (one bench/ file).
 
 Both folders sit at the top of the checkout. A wheel carries them as package data, mapped in
-setup.cfg to ``qwen38gen/_kernels`` and ``qwen38gen/_golden``; a checkout or an editable install
+setup.cfg to ``qwen38gen/_kernels``, ``qwen38gen/_golden`` and ``qwen38gen/_bench``; a checkout or an editable install
 reads them where they are. The installed copy wins where both exist. They are real folders
 either way (nvcc takes an include folder): pip installs a wheel unpacked.
 """
@@ -34,3 +35,11 @@ def kernels_dir() -> Path:
 def golden_dir() -> Path:
     """The folder of the committed golden runs (golden/*.json)."""
     return _data_dir("_golden", "golden", "*.json")
+
+
+CALIBRATION_RUN = "2026-12-04-h200-v20.json"
+
+
+def calibration_file() -> Path:
+    """The committed bench run the timing model (`qwen38gen perf`) is calibrated on."""
+    return _data_dir("_bench", "bench", CALIBRATION_RUN) / CALIBRATION_RUN

@@ -85,7 +85,6 @@ PLAIN_TFLOPS = 945.0            # a plain m64n64k16 wgmma chain (v16: 940-950)
 # assumptions of the persistent design (stated, not measured)
 COUNTER_US = 1.0                # a release store and an acquire poll through L2
 RING_BYTES = 160 * 1024         # shared-memory ring of one SM's loader
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "bench" / "2026-12-04-h200-v20.json"
 CALIBRATION_BATCHES = (1, 16, 32, 64)
 DESIGNS = ("today", "persistent", "both")
 # The GEMV families and the timing model's class of each (plan/families.py's gemv column).
