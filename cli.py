@@ -171,14 +171,26 @@ def _parse_ids(s: str, opt: str = "--prompt-ids") -> list[int]:
     return [int(t) for t in parts]
 
 
+def _model_options(f):
+    """--model, --weights and --seed, declared once for generate and run (qwen38gen.model_source
+    says how they resolve)."""
+    for opt in reversed([
+        click.option("--model", default=None,
+                     help="Preset, config.json or checkpoint folder (its weights and tokenizer) "
+                          "[default: the --weights folder's config.json, else tiny]."),
+        click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
+                     help="A checkpoint folder (HF safetensors or `quantize` output); its "
+                          "config.json is the model unless --model says otherwise; default: the "
+                          "--model folder's weights, else seeded synthetic weights."),
+        click.option("--seed", default=0, show_default=True,
+                     help="Seed of the synthetic weights (≥ 0)."),
+    ]):
+        f = opt(f)
+    return f
+
+
 @cli.command()
-@click.option("--model", default=None,
-              help="Preset, config.json or model folder [default: the --weights folder's "
-                   "config.json, else tiny].")
-@click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
-              help="A checkpoint folder (HF safetensors or `quantize` output); its config.json "
-                   "is the model unless --model says otherwise; default: seeded synthetic weights.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights (≥ 0).")
+@_model_options
 @click.option("--prompt", "prompts", multiple=True,
               help="Prompt text (needs the model folder's tokenizer.json); repeat for a batch. "
                    "Without a tokenizer, comma-separated token ids as --prompt-ids.")
@@ -205,7 +217,9 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
         raise UserError(f"--seed {seed} must be ≥ 0")
     if steps < 0:
         raise UserError(f"--steps {steps} must be ≥ 0")
-    cfg, weights_dir, tok, tok_dir = _model_weights_tokenizer(model, weights_dir)
+    from qwen38gen.model_source import resolve_model_source
+
+    cfg, weights_dir, tok, tok_dir = resolve_model_source(model, weights_dir)
     if think and not chat:
         raise UserError("--think is the chat template's thinking mode; it needs --chat")
     if chat and tok is None:
@@ -400,13 +414,7 @@ def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
 
 
 @cli.command()
-@click.option("--model", default=None,
-              help="Preset, config.json or checkpoint folder (its weights and tokenizer) "
-                   "[default: the --weights folder's config.json, else tiny].")
-@click.option("--weights", "weights_dir", type=click.Path(path_type=Path), default=None,
-              help="Checkpoint folder (HF or `quantize` output); default: the --model folder's "
-                   "weights, else synthetic, seeded.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights.")
+@_model_options
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
               help="JSON lines, one request each (docs/RUN_FORMAT.md).")
 @click.option("--prompt", "prompt_texts", multiple=True,
@@ -452,7 +460,9 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     O.check_outputs({"--output": output, "--json": json_out},
                     {"--prompts": prompts_file, "--tune-file": lane_kw.get("tune_file"),
                      "--weights": weights_dir, "--model": _model_path(model)})
-    cfg, weights_dir, tok, _ = _model_weights_tokenizer(model, weights_dir)
+    from qwen38gen.model_source import resolve_model_source
+
+    cfg, weights_dir, tok, _ = resolve_model_source(model, weights_dir)
     lanes = _make_lanes(**lane_kw)
     reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
                          think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
@@ -523,35 +533,6 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
     if summary_out is not None:
         summary_out.write(json.dumps(d, indent=1) + "\n")
         summary_out.commit()
-
-
-def _model_weights_tokenizer(model, weights_dir):
-    """generate's and run's model: (config, the weights folder or None, the tokenizer or None,
-    the folder it was looked for in or None). --model DIR with weights is the weights unless
-    --weights says otherwise; --weights alone takes its folder's config.json; both must be the
-    same geometry."""
-    from qwen38gen.config import DEFAULT_PRESET, load_config, resolve_model
-
-    if weights_dir is not None and not (weights_dir / "config.json").is_file():
-        raise UserError(f"--weights {str(weights_dir)!r} is not a checkpoint folder with a "
-                        "config.json")
-    resolved = resolve_model(model if model is not None else (weights_dir or DEFAULT_PRESET))
-    cfg = resolved.config
-    if weights_dir is None and resolved.has_weights:
-        weights_dir = resolved.model_dir
-    elif weights_dir is not None and model is not None:
-        own = load_config(weights_dir)
-        if own.hash != cfg.hash:
-            raise UserError(f"--model {model!r} (config {cfg.hash}) is not the geometry of "
-                            f"--weights {str(weights_dir)!r} (config {own.hash}); leave --model "
-                            "out to use the folder's config.json")
-    from qwen38gen.tokenizer import load_tokenizer
-
-    tok = None
-    for d in (weights_dir, resolved.model_dir):   # the weights' own tokenizer first
-        if d is not None and tok is None:
-            tok = load_tokenizer(d)
-    return cfg, weights_dir, tok, weights_dir or resolved.model_dir
 
 
 _PROMPT_ONLY = ("chat", "think", "max_tokens", "temperature", "top_k", "top_p", "min_p",
