@@ -218,6 +218,7 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
     if steps < 0:
         raise UserError(f"--steps {steps} must be ≥ 0")
     from qwen38gen.model_source import resolve_model_source
+    from qwen38gen.serve.requests import encode_prompt
 
     cfg, weights_dir, tok, tok_dir = resolve_model_source(model, weights_dir)
     if think and not chat:
@@ -233,18 +234,10 @@ def generate(model, weights_dir, seed, prompts, prompt_ids, chat, think, ignore_
                                 f"and {where} no tokenizer.json to read it as text; give a model "
                                 "folder with one (--model DIR) or token ids (--prompt-ids 1,2,3)")
             ids.append(_parse_ids(p, "--prompt"))
-        else:
-            where = f"--prompt {p[:40]!r}"
+        else:   # the rule run's prompts follow (serve.requests.encode_prompt)
             if not p:
                 raise UserError("--prompt '' is empty; give some text")
-            try:
-                msgs = [{"role": "user", "content": p}]
-                text = tok.render_chat(msgs, enable_thinking=think) if chat else p
-                ids.append(tok.encode(text))
-            except UserError as e:
-                raise UserError(f"{where}: {e}") from None
-            if not ids[-1]:
-                raise UserError(f"{where} encodes to no tokens; give some text")
+            ids.append(encode_prompt(p, tok, f"--prompt {p[:40]!r}", chat, think))
     if not ids:
         ids = [[1, 2, 3, 4, 5]]
     for p in ids:

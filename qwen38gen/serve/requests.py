@@ -85,12 +85,7 @@ def parse_request(obj, where: str, number: int, vocab: int, run_seed: int = 0,
         if tokenizer is None:
             raise UserError(f"{where}: the prompt is text but no tokenizer is available for this "
                             "model; give prompt_ids, or a --model folder with a tokenizer")
-        try:
-            ids = list(tokenizer.encode(text))
-        except UserError as e:
-            raise UserError(f"{where}: {e}") from None
-        if not ids:
-            raise UserError(f"{where}: the prompt encodes to no tokens")
+        ids = encode_prompt(text, tokenizer, where)
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise UserError(f"{where}: token id {bad[0]} is outside the vocabulary 0..{vocab - 1}")
@@ -145,6 +140,26 @@ def read_requests(path: Path, vocab: int, run_seed: int = 0, tokenizer=None) -> 
     return reqs
 
 
+def encode_prompt(text: str, tokenizer, where: str, chat: bool = False,
+                  think: bool = False) -> list[int]:
+    """The one rule from a prompt's text to token ids (a request line's "prompt", `run --prompt`,
+    `generate --prompt`): rendered with the model's chat template when ``chat`` (``think``: its
+    enable_thinking), then encoded; an empty text, or one that encodes to nothing, is refused,
+    and any error names ``where``."""
+    if not text:
+        raise UserError(f"{where}: the prompt is empty; give some text")
+    try:
+        if chat:
+            text = tokenizer.render_chat([{"role": "user", "content": text}],
+                                         enable_thinking=think)
+        ids = list(tokenizer.encode(text))
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    if not ids:
+        raise UserError(f"{where}: the prompt encodes to no tokens")
+    return ids
+
+
 def prompt_requests(texts, vocab: int, tokenizer, run_seed: int = 0, chat: bool = False,
                     think: bool = False, **params) -> list[Request]:
     """`run --prompt TEXT ...`: one request per text (ids 0, 1, … in order), encoded with the
@@ -161,11 +176,10 @@ def prompt_requests(texts, vocab: int, tokenizer, run_seed: int = 0, chat: bool 
     fields = {k: v for k, v in params.items() if v is not None}
     reqs = []
     for n, text in enumerate(texts):
+        where = f"--prompt number {n + 1}"
         if not text:
-            raise UserError(f"--prompt number {n + 1} is empty; give some text")
-        if chat:
-            text = tokenizer.render_chat([{"role": "user", "content": text}],
-                                         enable_thinking=think)
-        reqs.append(parse_request({"prompt": text, **fields}, f"--prompt number {n + 1}", n,
-                                  vocab, run_seed, tokenizer))
+            raise UserError(f"{where} is empty; give some text")
+        ids = encode_prompt(text, tokenizer, where, chat, think)
+        reqs.append(parse_request({"prompt_ids": ids, **fields}, where, n, vocab, run_seed,
+                                  tokenizer))
     return reqs
