@@ -26,6 +26,7 @@ from qwen38gen.emit import emit_program
 from qwen38gen.lanes import Lanes
 from qwen38gen.quantize import dequantized_weights, load_quantized
 from qwen38gen.reference import Reference
+from qwen38gen.verify.hf_e2e import randomize
 from qwen38gen.weights import synthetic_tensor
 from qwen38gen.emu.schedule import Emu
 
@@ -52,14 +53,7 @@ def cli(*args, check=True):
 def hf_save(cfg, path, mtp: bool, seed: int = 3):
     torch.manual_seed(seed)
     m = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg.to_hf_dict()))
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if n.endswith("linear_attn.norm.weight"):
-                p.uniform_(0.5, 1.5)
-            elif n.endswith("norm.weight"):
-                p.uniform_(-0.5, 0.5)
-            elif n.endswith(("A_log", "dt_bias")):
-                p.uniform_(-1.0, 1.0)
+    randomize(m, weights=False)   # norms, A_log and dt_bias; HF's own linear init
     m.to(torch.bfloat16).save_pretrained(path)
     f = path / "model.safetensors"
     t = load_file(f)

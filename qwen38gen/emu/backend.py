@@ -32,6 +32,26 @@ NOTICE = ("emu backend: runs the emitted program's schedule in numpy on the CPU 
           "not the CUDA kernels")
 
 
+def reset_state(emu: Emu, manifest: dict, slot: int) -> None:
+    """A fresh sequence in ``slot`` of an emulated program (plain or mtp): position, GDN state
+    slot, recurrent state and conv ring to zero; the K/V caches (the MTP's too) to NaN, since
+    attention must never read past what the new request writes."""
+    for name, spec in manifest["buffers"].items():
+        if not (spec.get("state") or name == "pos"):
+            continue
+        a = emu.buf[name].reshape(emu._shape(name))
+        if name in ("pos", "slot"):                      # [B]
+            a[slot] = 0
+        elif name in ("conv", "rec"):                    # [layers, B, ...]
+            a[:, slot] = 0
+        elif name in ("kc", "vc"):                       # [layers, B, ...]: never read
+            a[:, slot] = np.nan
+        elif name in ("mkc", "mvc"):                     # [B, ...]: never read
+            a[slot] = np.nan
+        else:
+            raise ValueError(f"reset_slot does not know the state buffer {name!r}")
+
+
 class EmuBackend(ProgramSlots):
     """B slots of the emitted program, emulated (engine.Backend)."""
 
@@ -75,19 +95,7 @@ class EmuBackend(ProgramSlots):
     def reset_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} is outside 0..{self.slots - 1}")
-        emu = self.emu
-        for name, spec in self.manifest["buffers"].items():
-            if not (spec.get("state") or name == "pos"):
-                continue
-            a = emu.buf[name].reshape(emu._shape(name))
-            if name in ("pos", "slot"):                      # [B]
-                a[slot] = 0
-            elif name in ("conv", "rec"):                    # [layers, B, ...]
-                a[:, slot] = 0
-            elif name in ("kc", "vc"):                       # [layers, B, ...]: never read
-                a[:, slot] = np.nan
-            else:
-                raise ValueError(f"reset_slot does not know the state buffer {name!r}")
+        reset_state(self.emu, self.manifest, slot)
 
     def _check(self, fed: list[int]) -> None:
         pos = self.emu.buf["pos"]

@@ -10,11 +10,10 @@ choice) means the schedule read K/V that the new request had not written.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..config import ModelConfig
 from ..errors import UserError
 from ..serve.spec_engine import SpecProgramSlots, spec_headroom
+from .backend import reset_state
 from .schedule import Emu
 
 
@@ -45,23 +44,5 @@ class EmuSpecBackend(SpecProgramSlots):
     def _run(self, phase, start, stop):
         self.emu.run(phase, start, stop)
 
-    def _check_rows(self, what, rows):
-        for b, r in rows.items():
-            if not np.isfinite(r).all():
-                raise RuntimeError(f"slot {b}: NaN in the {what} logits: the schedule read K/V "
-                                   "past the slot's position")
-
     def _reset_state(self, slot):
-        emu = self.emu
-        for name, spec in self.manifest["buffers"].items():
-            if not (spec.get("state") or name == "pos"):
-                continue
-            a = emu.buf[name].reshape(emu._shape(name))
-            if name in ("pos", "slot"):                      # [B]
-                a[slot] = 0
-            elif name in ("conv", "rec", "kc", "vc"):        # [layers, B, ...]
-                a[:, slot] = 0 if name in ("conv", "rec") else np.nan
-            elif name in ("mkc", "mvc"):                     # [B, ...]: never read
-                a[slot] = np.nan
-            else:
-                raise ValueError(f"reset_slot does not know the state buffer {name!r}")
+        reset_state(self.emu, self.manifest, slot)

@@ -40,11 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
+from ..compare import nonfinite_where
+from ..errors import NonFiniteLogits, UserError
 from ..inputs import prompt_chunk
 from ..sampling import SamplingParams, sample
 from ..spec_sampling import accept_row
-from .engine import Engine, Result, Sequence, Stats, lockstep_steps
+from .engine import Engine, Result, Sequence, Stats
 
 
 @dataclass(frozen=True)
@@ -151,20 +152,6 @@ class SpecEngine(Engine):
                     break
         return done
 
-    def run(self, requests, on_finish=None):
-        for r in requests:
-            self.add(r)
-        results = []
-        while self.sched.waiting or self.sched.running:
-            for res in self.step():
-                results.append(res)
-                if on_finish is not None:
-                    on_finish(res)
-        by_id = {r.id: r for r in results}
-        self.stats.lockstep_steps = lockstep_steps([by_id[r.id] for r in requests],
-                                                   self.backend.slots, self.backend.chunk)
-        return results
-
 
 def cut_index(manifest: dict, phase: str, family: str) -> int:
     """Index of the first launch of ``family`` in a schedule (where the host path cuts it)."""
@@ -209,7 +196,13 @@ class SpecProgramSlots:
         raise NotImplementedError
 
     def _check_rows(self, what: str, rows: dict[int, np.ndarray]) -> None:
-        """Where the backend can check the logits it read (the emulator: NaN = a poisoned read)."""
+        """The engine's NaN guard over the logits rows the host read (every backend; on the
+        emulator a NaN also means a read of poisoned K/V past a slot's position)."""
+        for b, r in rows.items():
+            where = nonfinite_where(np.asarray(r, dtype=np.float32), "row")
+            if where:
+                raise NonFiniteLogits(f"slot {b}: NaN in the {what} logits or another "
+                                      f"non-finite value: {where}")
 
     def _setup(self, manifest: dict, ctx: int) -> None:
         lanes, sched = manifest["lanes"], manifest["schedule"]

@@ -63,21 +63,34 @@ def make_hf_checkpoint(folder: Path, cfg: ModelConfig, seed: int = SEED) -> None
     d["mtp_num_hidden_layers"] = 0
     torch.manual_seed(seed)
     m = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**d))
+    randomize(m, weights=True)
+    m.to(torch.bfloat16).save_pretrained(folder)
+
+
+def randomize(model, weights: bool) -> None:
+    """Draw an HF model's parameters from torch's generator, in parameter order: the norms
+    perturbed (zero-centred ones ~ U(−0.5, 0.5), the GDN gated norm ~ U(0.5, 1.5)), A_log and
+    dt_bias ~ U(−1, 1); with ``weights`` also the conv taps ~ N(0, 0.5²), the embedding ~ N(0, 1)
+    and every linear weight ~ N(0, 1/in), so activations stay O(1) (HF's own init is far
+    smaller and makes near-uniform logits)."""
+    import torch
+
     with torch.no_grad():
-        for n, p in m.named_parameters():
+        for n, p in model.named_parameters():
             if n.endswith("linear_attn.norm.weight"):
                 p.uniform_(0.5, 1.5)
             elif n.endswith("norm.weight"):
                 p.uniform_(-0.5, 0.5)
             elif n.endswith(("A_log", "dt_bias")):
                 p.uniform_(-1.0, 1.0)
+            elif not weights:
+                continue
             elif n.endswith("conv1d.weight"):
                 p.normal_(0.0, 0.5)
             elif n.endswith("embed_tokens.weight"):
                 p.normal_(0.0, 1.0)
             elif p.dim() == 2:
                 p.normal_(0.0, p.shape[1] ** -0.5)
-    m.to(torch.bfloat16).save_pretrained(folder)
 
 
 def write_requests(path: Path, cfg: ModelConfig, seed: int = SEED) -> list[dict]:
