@@ -5,7 +5,7 @@ A NaN must fail every comparison and say where it came from. Two habits of plain
 pass: ``max(worst, nan)`` keeps ``worst`` (a comparison with NaN is false), and a NaN that is never
 compared (a top-k list that skipped it, a state nobody measured) is never seen. The golden files,
 ``check``, ``check --reference``, ``check --mtp``, ``check --serve`` and the engine's guard all go
-through these two functions.
+through these functions, and measure states with ``rel_error``.
 """
 
 from __future__ import annotations
@@ -34,3 +34,15 @@ def worst(errors) -> float:
     if any(math.isnan(v) for v in vals):
         return float("nan")
     return max(vals, default=0.0)
+
+
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    """|a - b| / |b| (Frobenius norms, fp64), inf when the shapes differ, NaN when either holds
+    a non-finite value (so that no tolerance passes it)."""
+    if a.shape != b.shape:
+        return float("inf")
+    a = (a if a.dtype == np.float64 else a.astype(np.float32)).astype(np.float64)  # bf16 via fp32
+    b = b.astype(np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..build import build
+from ..compare import rel_error, worst
 from ..config import PRESETS, ModelConfig
 from ..errors import UserError
 from ..interrupt import in_worker
@@ -142,18 +143,6 @@ def update_golden(cfg: ModelConfig | None = None, candidate: Path | None = None,
     return out, path
 
 
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    """|a - b| / |b| (Frobenius norms, fp64), inf when the shapes differ, NaN when either holds
-    a non-finite value (so that no tolerance passes it)."""
-    if a.shape != b.shape:
-        return float("inf")
-    a = (a if a.dtype == np.float64 else a.astype(np.float32)).astype(np.float64)  # bf16 via fp32
-    b = b.astype(np.float64)
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return float("nan")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dict[str, float]:
     """One sequence's final state in the program's buffers (``bufs``: rec, conv, kc, vc and pos
     as Runtime.get returns them, the sequence in row ``slot``) against the reference State ``st``
@@ -163,7 +152,7 @@ def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dic
     from ..reference import conv_to_ring
 
     by_layer = state_errors_by_layer(cfg, bufs, slot, st, b)
-    return {k: G.worst(v.values()) for k, v in by_layer.items()}
+    return {k: worst(v.values()) for k, v in by_layer.items()}
 
 
 def state_errors_by_layer(cfg: ModelConfig, bufs: dict, slot: int, st,
@@ -176,10 +165,10 @@ def state_errors_by_layer(cfg: ModelConfig, bufs: dict, slot: int, st,
     gdn = list(enumerate(cfg.linear_layers))
     attn = list(enumerate(cfg.full_layers))
     return {
-        "rec": {L: _rel(bufs["rec"][j, slot], st.rec[L][b]) for j, L in gdn},
-        "conv": {L: _rel(bufs["conv"][j, slot], conv_to_ring(st.conv[L][b], pos)) for j, L in gdn},
-        "k": {L: _rel(bufs["kc"][j, slot][:, :pos], st.k[L][b]) for j, L in attn},
-        "v": {L: _rel(bufs["vc"][j, slot][:, :pos], st.v[L][b]) for j, L in attn},
+        "rec": {L: rel_error(bufs["rec"][j, slot], st.rec[L][b]) for j, L in gdn},
+        "conv": {L: rel_error(bufs["conv"][j, slot], conv_to_ring(st.conv[L][b], pos)) for j, L in gdn},
+        "k": {L: rel_error(bufs["kc"][j, slot][:, :pos], st.k[L][b]) for j, L in attn},
+        "v": {L: rel_error(bufs["vc"][j, slot][:, :pos], st.v[L][b]) for j, L in attn},
     }
 
 
@@ -187,7 +176,7 @@ def state_ratio(cfg: ModelConfig, bufs: dict, slot: int, st, setting: str, b: in
     """The worst over layers and kinds of (state error / its tolerance, golden.tol_state): ≤ 1
     passes; NaN where any error is NaN."""
     by_layer = state_errors_by_layer(cfg, bufs, slot, st, b)
-    return G.worst(e / G.tol_state(setting, L) for kinds in by_layer.values()
+    return worst(e / G.tol_state(setting, L) for kinds in by_layer.values()
                    for L, e in kinds.items())
 
 

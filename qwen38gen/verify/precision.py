@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compare import worst
+from ..compare import rel_error, worst
 from ..config import DECODER, LM_HEAD, MTP, ModelConfig
 from ..lanes import Lanes
 from ..quantize import dequantized_weights
@@ -29,13 +29,6 @@ from ..reference import conv_to_ring
 from .check import quantized_synthetic, reference_prompts, run_batches
 
 STEPS = 16
-
-
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return float("nan")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def _one_tensor(args):
@@ -143,16 +136,16 @@ def _state_errs_prog(cfg: ModelConfig, bufs: dict, slot: int, f32: dict) -> dict
     out = {}
     for j, L in enumerate(cfg.linear_layers):
         ring = conv_to_ring(f32[L]["conv"][:, 1:].T, pos)   # HF [C, K] -> ours [K-1, C] as a ring
-        out[L] = {"rec": _rel(bufs["rec"][j, slot].astype(np.float32), f32[L]["rec"]),
-                  "conv": _rel(bufs["conv"][j, slot].astype(np.float32), ring)}
+        out[L] = {"rec": rel_error(bufs["rec"][j, slot], f32[L]["rec"]),
+                  "conv": rel_error(bufs["conv"][j, slot], ring)}
     for j, L in enumerate(cfg.full_layers):
-        out[L] = {"k": _rel(bufs["kc"][j, slot][:, :pos].astype(np.float32), f32[L]["k"]),
-                  "v": _rel(bufs["vc"][j, slot][:, :pos].astype(np.float32), f32[L]["v"])}
+        out[L] = {"k": rel_error(bufs["kc"][j, slot][:, :pos], f32[L]["k"]),
+                  "v": rel_error(bufs["vc"][j, slot][:, :pos], f32[L]["v"])}
     return out
 
 
 def _state_errs_hf(bf16: dict, f32: dict) -> dict:
-    return {L: {k: _rel(bf16[L][k], f32[L][k]) for k in f32[L]} for L in f32}
+    return {L: {k: rel_error(bf16[L][k], f32[L][k]) for k in f32[L]} for L in f32}
 
 
 def measure(cfg: ModelConfig, batches=(3, 16), steps: int = STEPS, tensors: dict | None = None,
