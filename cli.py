@@ -764,8 +764,19 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--trace", is_flag=True, default=False,
               help="Also replay each B's trace variant once (every block's start, wait and end "
                    "on %globaltimer) and print where the step's time goes launch by launch.")
+@click.option("--serve", "serve", default=None, metavar="WORKLOAD",
+              help="Instead: a seeded synthetic workload (short, long: serve/workload.py) "
+                   "through run's engine on the GPU program at each B.")
+@click.option("--requests", "n_requests", type=int, default=None,
+              help="With --serve: the workload's first N requests.")
+@click.option("--pt", type=int, default=16, show_default=True,
+              help="With --serve: the prefill chunk width.")
+@click.option("--schedule", type=click.Choice(["ride", "wait", "both"]), default="ride",
+              show_default=True, help="With --serve: decoding slots ride in prefill chunks, wait "
+                                      "behind them (the engine before version 25), or both.")
 @_tune_options
-def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune, tune_file):
+def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serve, n_requests,
+          pt, schedule, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
@@ -780,6 +791,9 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
     if ctx < 1:
         raise UserError(f"--ctx {ctx} must be ≥ 1")
     tuning = _tuning(tune, tune_file)
+    if serve:
+        _bench_serve(cfg, bs, serve, n_requests, pt, schedule, json_out)
+        return
     if mtp:
         _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning)
         return
@@ -807,6 +821,30 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, tune
         write_text(json_out, json.dumps(d, indent=1) + "\n", name="--json")
     if plot_out:
         Bm.plot(plot_out, cfg, ctx, bw, rows)
+
+
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out):
+    """`bench --serve WORKLOAD`: the serving table (perf/serve_bench.py)."""
+    import subprocess
+
+    from qwen38gen.lanes import Lanes
+    from qwen38gen.outputs import write_text
+    from qwen38gen.perf import serve_bench as Sb
+    from qwen38gen.serve.workload import requests, workload
+
+    w = workload(name)
+    requests(w, cfg.vocab_size, 0, n)            # a bad --requests fails here, before the GPU
+    Lanes.make(max(bs), pt=pt)                   # and a bad --pt
+    rows = []
+    with err.status("bench --serve") as st:
+        for ride in {"ride": (True,), "wait": (False,), "both": (False, True)}[schedule]:
+            rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m))
+    out.print(R.serve_table(cfg, w.describe(), rows))
+    if json_out:
+        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+        write_text(json_out, json.dumps(Sb.to_json(cfg, w, rows, dev), indent=1) + "\n",
+                   name="--json")
 
 
 def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):

@@ -112,6 +112,33 @@ def test_bad_requests():
         Engine(FakeBackend(1, 4, ctx=5)).add(req(4, 6, 1))
 
 
+def test_decoders_ride_in_prefill_chunks():
+    """B = 2, chunk 4: A (1 token, 4 out) decodes while B (9 tokens, 1 out) is prefilled: A feeds
+    its last token in B's chunks (one row each) instead of waiting, so the run takes 4 steps, not
+    the 6 of a schedule whose decoders wait (ride = False), and gives the same tokens."""
+    class Waiting(Engine):
+        ride = False
+
+    runs = {}
+    for cls in (Engine, Waiting):
+        be = FakeBackend(2, 4)
+        eng = cls(be)
+        runs[cls] = {r.id: r.token_ids for r in eng.run([req(0, 1, 4), req(1, 9, 1)])}
+        if cls is Engine:
+            assert be.calls == [("prefill", [1, 4]),   # A's prompt ends: its first token
+                                ("prefill", [1, 4]),   # A rides along: its second
+                                ("prefill", [1, 1]),   # B done; A's third
+                                ("decode", [1, 0])]    # A's fourth
+            s = eng.stats
+            assert (s.prefill_steps, s.decode_steps, s.prompt_rows) == (3, 1, 10)
+            assert (s.busy_prefill, s.busy_decode, s.decode_carriers) == (4, 3, 3)
+            assert s.occupancy == 7 / 8 and s.decode_occupancy == 3 / 4   # rooms 1, 1, 2
+        else:
+            assert be.calls == [("prefill", [1, 4]), ("prefill", [0, 4]), ("prefill", [0, 1]),
+                                ("decode", [1, 0]), ("decode", [1, 0]), ("decode", [1, 0])]
+    assert runs[Engine] == runs[Waiting]
+
+
 def test_fake_backend_lock():
     """Many requests through 1-4 slots of the fake backend: each gets its tokens alone."""
     reqs = [req(i, 1 + (5 * i) % 11, 1 + (3 * i) % 7) for i in range(13)]

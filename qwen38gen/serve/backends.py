@@ -108,7 +108,7 @@ class ProgramSlots:
 
 
 class RuntimeBackend(ProgramSlots):
-    """B slots of an emitted program on the GPU (``runtime.Runtime``). Unverified on a GPU."""
+    """B slots of an emitted program on the GPU (``runtime.Runtime``); tests/gpu/test_engine.py."""
 
     def __init__(self, rt):
         if rt.mtp:

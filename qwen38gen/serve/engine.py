@@ -9,16 +9,22 @@ queue; B slots hold running sequences. A step is either a **prefill chunk** or a
   below the slot's position, so the old request's K/V past the new one's length is never read).
 * Prefill first: while any running sequence still has prompt tokens to feed, the step is a
   prefill chunk. Each such sequence feeds its next ``chunk`` tokens (prompt tokens c·pt … of its
-  own prompt, so a prompt is cut the same way whatever the slot or the other requests); the
-  decoding sequences **wait** (0 tokens in that chunk: their state does not move). A sequence
-  whose prompt ends in the chunk chooses its first token from the logits of its last row.
+  own prompt, so a prompt is cut the same way whatever the slot or the other requests), and every
+  decoding sequence **rides along**: it feeds its last token as a one-token chunk and chooses its
+  next token from that row, as a decode step would. A sequence whose prompt ends in the chunk
+  chooses its first token from the logits of its last row.
 * Otherwise a decode step: every decoding sequence feeds its last token and chooses the next.
 
-The decoding sequences wait rather than ride along (1 token in the prefill chunk), because the
-program's prefill path (GEMMs over pt rows) and decode path (GEMVs) round differently: a request
-whose tokens went through either path depending on its neighbours would not give the tokens it
-gives alone. Waiting costs steps, which ``Stats`` counts (prefill chunks, decode steps, slot
-occupancy, and the steps the old lockstep batching would have taken for the same outputs).
+Riding is exact because a row's arithmetic does not depend on whether its step is a prefill
+chunk or a decode step, on B or on its neighbours (docs/MODEL.md §7, "One arithmetic for every
+row"): every GEMV kernel gives gemv_q4's bits at any row count, the GDN kernel runs a chunk token
+by token with the decode step's recurrence, and attention's splits depend on the row's length
+only. tests/gpu/test_engine.py checks it on the device (a request alone, decoded by decode steps,
+against the same request riding in other requests' chunks); tests/test_engine.py on the CPU.
+``ride=False`` (the speculative engine, whose verify step is not a one-row decode) keeps the
+decoding sequences waiting (0 tokens in a chunk: their state does not move). ``Stats`` counts
+the steps (prefill chunks, decode steps), the rows they carry, slot occupancy, and the steps
+lockstep batching would have taken for the same outputs.
 
 Where the backend chooses the tokens itself (``samples``: the program's argmax and its sample phase,
 kernels/sampling.cuh), the engine hands it each slot's sampling parameters when the slot takes a
@@ -112,14 +118,17 @@ class Result:
 
 @dataclass
 class Stats:
-    """What the run cost, in steps of the backend."""
+    """What the run cost, in steps of the backend and the rows they carried."""
 
     slots: int = 0
     chunk: int = 0
-    prefill_steps: int = 0
-    decode_steps: int = 0
-    busy_prefill: int = 0        # Σ over prefill chunks of the slots that fed tokens
-    busy_decode: int = 0         # Σ over decode steps of the slots that decoded
+    prefill_steps: int = 0       # steps that carry prompt rows (decode rows may ride in them)
+    decode_steps: int = 0        # steps of decode rows only
+    busy_prefill: int = 0        # Σ over steps of the slots that fed prompt tokens
+    busy_decode: int = 0         # Σ over steps of the slots that fed a decode token
+    decode_carriers: int = 0     # steps in which some sequence was decoding (fed or waited)
+    decode_room: int = 0         # Σ over those steps of the slots not feeding prompt tokens
+    prompt_rows: int = 0         # prompt tokens fed
     lockstep_steps: int = 0      # what B-at-a-time lockstep batches would take for these outputs
     requests: int = 0
     output_tokens: int = 0
@@ -130,17 +139,22 @@ class Stats:
 
     @property
     def occupancy(self) -> float:
-        """Mean share of the B slots at work per step (prefill chunks and decode steps)."""
+        """Mean share of the B slots that fed tokens in a step (a slot feeds prompt tokens or a
+        decode token in a step, never both)."""
         return (self.busy_prefill + self.busy_decode) / max(1, self.steps * self.slots)
 
     @property
     def decode_occupancy(self) -> float:
-        return self.busy_decode / max(1, self.decode_steps * self.slots)
+        """Of the slots not feeding prompt tokens in the steps in which some sequence was
+        decoding, the share that fed a decode token: 1 − the share that idled (a decoder waiting
+        behind a prefill chunk, or an empty slot)."""
+        return self.busy_decode / max(1, self.decode_room)
 
     def as_dict(self) -> dict:
         return {"slots": self.slots, "chunk": self.chunk, "requests": self.requests,
                 "output_tokens": self.output_tokens, "steps": self.steps,
                 "prefill_steps": self.prefill_steps, "decode_steps": self.decode_steps,
+                "prompt_rows": self.prompt_rows, "decode_rows": self.busy_decode,
                 "occupancy": round(self.occupancy, 4),
                 "decode_occupancy": round(self.decode_occupancy, 4),
                 "lockstep_steps": self.lockstep_steps}
@@ -171,8 +185,8 @@ def check_request(req: Request, ctx: int, vocab: int) -> None:
 class Scheduler:
     """Waiting queue, B slots, and the choice of the next step (see the module docstring)."""
 
-    def __init__(self, slots: int, chunk: int):
-        self.slots, self.chunk = slots, chunk
+    def __init__(self, slots: int, chunk: int, ride: bool = True):
+        self.slots, self.chunk, self.ride = slots, chunk, ride
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Sequence] = {}
 
@@ -189,12 +203,15 @@ class Scheduler:
         return new
 
     def schedule(self) -> tuple[str, dict[int, list[int]]] | None:
-        """("prefill", {slot: chunk tokens}) while a prompt is unfinished, else ("decode",
-        {slot: [last token]}); None when nothing runs."""
+        """("prefill", {slot: tokens}) while a prompt is unfinished: the prefilling slots' next
+        chunk and (``ride``) every decoding slot's last token; else ("decode", {slot: [last
+        token]}); None when nothing runs."""
         pre = {b: s for b, s in self.running.items() if s.prefilling}
         if pre:
-            return "prefill", {b: list(s.req.prompt[s.fed:s.fed + self.chunk])
-                               for b, s in sorted(pre.items())}
+            feed = {b: list(s.req.prompt[s.fed:s.fed + self.chunk]) for b, s in pre.items()}
+            if self.ride:
+                feed.update({b: [s.out[-1]] for b, s in self.running.items() if b not in pre})
+            return "prefill", dict(sorted(feed.items()))
         if self.running:
             return "decode", {b: [s.out[-1]] for b, s in sorted(self.running.items())}
         return None
@@ -206,12 +223,14 @@ class Scheduler:
 class Engine:
     """Runs requests through a backend with continuous batching."""
 
+    ride = True     # decoding sequences ride in prefill chunks (module docstring)
+
     def __init__(self, backend: Backend, eos_ids: tuple[int, ...] = (),
                  check_finite: bool = False):
         self.backend = backend
         self.eos = frozenset(eos_ids)
         self.check_finite = check_finite
-        self.sched = Scheduler(backend.slots, backend.chunk)
+        self.sched = Scheduler(backend.slots, backend.chunk, self.ride)
         self.stats = Stats(slots=backend.slots, chunk=backend.chunk)
 
     def add(self, req: Request) -> None:
@@ -233,6 +252,14 @@ class Engine:
             raise NonFiniteLogits(f"request {seq.req.id!r} (slot {seq.slot}, position "
                                   f"{seq.position}): non-finite {where}")
 
+    def _count_room(self) -> None:
+        """Stats.decode_occupancy's denominator, for the step about to run."""
+        running = self.sched.running
+        prefilling = sum(s.prefilling for s in running.values())
+        if prefilling < len(running):
+            self.stats.decode_carriers += 1
+            self.stats.decode_room += self.backend.slots - prefilling
+
     def step(self) -> list[Result]:
         """Admit, run one prefill chunk or decode step, choose tokens; the requests it finished."""
         device = getattr(self.backend, "samples", False)
@@ -247,15 +274,23 @@ class Engine:
         B = self.backend.slots
         running = self.sched.running
         chose: list[tuple[Sequence, np.ndarray]] = []
+        self._count_room()
         if kind == "prefill":
             rows = self.backend.prefill([feed.get(b, []) for b in range(B)])
             self.stats.prefill_steps += 1
-            self.stats.busy_prefill += len(feed)
+            riders = 0
             for b, toks in feed.items():
                 seq = running[b]
-                seq.fed += len(toks)
-                if not seq.prefilling:
+                if seq.prefilling:
+                    seq.fed += len(toks)
+                    self.stats.busy_prefill += 1
+                    self.stats.prompt_rows += len(toks)
+                    if not seq.prefilling:
+                        chose.append((seq, rows[b]))
+                else:                                  # a decoding sequence riding along
+                    riders += 1
                     chose.append((seq, rows[b]))
+            self.stats.busy_decode += riders
         else:
             logits = self.backend.decode([feed[b][0] if b in feed else None for b in range(B)])
             self.stats.decode_steps += 1

@@ -15,7 +15,7 @@ from .engine import Result, Stats, check_request
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
-VERSION = 2
+VERSION = 3   # 3: prompt_rows, decode_rows; decode_occupancy counts waiting decoders
 
 
 def eos_ids(cfg: ModelConfig, tokenizer) -> tuple[int, ...]:

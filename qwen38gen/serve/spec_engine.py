@@ -82,7 +82,10 @@ class MtpStats(Stats):
 
 
 class SpecEngine(Engine):
-    """Engine over a speculative backend (``SpecProgramSlots``)."""
+    """Engine over a speculative backend (``SpecProgramSlots``). Decoding sequences wait while
+    a prompt is fed: their step is a K+1-row verify, which a prefill chunk does not carry."""
+
+    ride = False
 
     def __init__(self, backend, eos_ids: tuple[int, ...] = (), draft_hook=None):
         """draft_hook(request, position, proposed) -> token: a test hook that replaces the MTP's
@@ -109,6 +112,7 @@ class SpecEngine(Engine):
         if plan is None:
             return []
         kind, feed = plan
+        self._count_room()
         running, done = self.sched.running, []
         if kind == "prefill":
             chunks, nexts, ends = [[] for _ in range(be.slots)], [None] * be.slots, {}
@@ -123,6 +127,7 @@ class SpecEngine(Engine):
             chosen = be.prefill(chunks, nexts, ends)
             self.stats.prefill_steps += 1
             self.stats.busy_prefill += len(feed)
+            self.stats.prompt_rows += sum(len(t) for t in feed.values())
             for b, toks in feed.items():
                 seq = running[b]
                 seq.fed += len(toks)

@@ -74,3 +74,44 @@ def test_sample_phase_is_the_twin():
             lg = rt.get("logits")[:B].astype(np.float32)
             assert got == {b: sample(lg[b], params[b], pos[b]) for b in range(B)}, step
             be.decode([got[b] for b in range(B)])
+
+
+def test_a_row_is_the_same_in_a_chunk_and_in_a_decode_step():
+    """What lets decoding slots ride in prefill chunks (serve/engine.py): one sequence of 12
+    tokens fed (a) as prefill chunks of 8 and 4, (b) one token per decode step, other slots
+    idle, and (c) one token per prefill chunk beside another slot's 8-token prompt chunks gives
+    bitwise the same logits row after every token ((b) and (c)), the same final row ((a)) and the
+    same recurrent state and conv ring."""
+    cfg, B = PRESETS["tiny"], 3
+    rng = np.random.default_rng(11)
+    seq = [int(t) for t in rng.integers(0, cfg.vocab_size, 12)]
+    other = [int(t) for t in rng.integers(0, cfg.vocab_size, 8 * 12)]
+    cubin, man = build(cfg, Lanes.make(B, pt=PT))
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint8)
+
+    def state(rt, b):
+        return [bits(rt.get(n)[:, b]) for n in ("rec", "conv")]
+
+    with Runtime(cubin, man, cfg, default_tensors(cfg), 128) as rt:
+        be = RuntimeBackend(rt)
+        be.prefill([seq[:8], [], []])
+        be.prefill([seq[8:], [], []])
+        chunked = bits(rt.get("logits")[0])
+        st_a = state(rt, 0)
+        decoded = []
+        for t in seq:
+            be.decode([None, t, None])
+            decoded.append(bits(rt.get("logits")[1]))
+        st_b = state(rt, 1)
+        be.reset_slot(0)
+        ridden = []
+        for i, t in enumerate(seq):
+            be.prefill([other[8 * i:8 * i + 8], [], [t]])
+            ridden.append(bits(rt.get("logits")[2]))
+        st_c = state(rt, 2)
+        assert np.all(np.isfinite(rt.get("logits")[[0, 2]].astype(np.float32)))
+    for i in range(len(seq)):
+        assert np.array_equal(decoded[i], ridden[i]), f"token {i}: decode row != chunk row"
+    assert np.array_equal(chunked, decoded[-1]), "a 12-token prompt's last row != decoded"
+    for name, a, b, c in zip(("rec", "conv"), st_a, st_b, st_c):
+        assert np.array_equal(a, b) and np.array_equal(b, c), f"{name} differs"
