@@ -14,6 +14,8 @@
 //        kc, vc  bf16 [B, HKV, Tmax, D] (this layer's slice): slot p of (b, m) <- RoPE_p(RMS1p(k_m;
 //                k_norm)) and v_m (raw), only for rows t < ntok[b] with p < Tmax; no other slot
 //                is touched. The gate stays in qkv; attn_tc reads it there.
+//   Packed chunk (docs/KERNELS.md "Packed chunks"): rowseq int32 [R] (the sequence of row r, −1
+//        past every sequence's rows) and row0 int32 [B] (its first row) replace r = b*PT + t.
 //   Launch AttnPrepLaunch: grid (R, grid_y), block `threads`, no dynamic smem. One warp per
 //   (row, head) over the H q, HKV k and HKV v heads of the row; a lane owns 8 dims (16 bytes).
 //   Numerics (docs/MODEL.md §7): RMS statistic in fp32, normed value rounded to bf16 (as HF stores it),
@@ -100,7 +102,9 @@ __device__ __forceinline__ void attn_prep(const bf16* __restrict__ qkv, int ld,
                                           const bf16* __restrict__ k_norm, float eps, float theta,
                                           const int* __restrict__ pos, const int* __restrict__ ntok,
                                           bf16* __restrict__ qbuf, bf16* __restrict__ kc,
-                                          bf16* __restrict__ vc, int tmax) {
+                                          bf16* __restrict__ vc, int tmax,
+                                          const int* __restrict__ rowseq = nullptr,
+                                          const int* __restrict__ row0 = nullptr) {
   static_assert(D == 256, "attn_prep: a warp owns one head of 256 dims, 8 per lane");
   static_assert(RD % 16 == 0 && RD <= D, "attn_prep: rotary halves must be whole lanes");
   static_assert(H % HKV == 0, "attn_prep: H must be a multiple of HKV");
@@ -109,7 +113,18 @@ __device__ __forceinline__ void attn_prep(const bf16* __restrict__ qkv, int ld,
   __shared__ float cs[2][HALF];  // cos, sin of this row's angles
 
   const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x, b = r / PT, t = r - b * PT;
+  const int r = blockIdx.x;
+  int b, t;
+  bool real = true;               // a row of some sequence (not a packed chunk's tail)
+  if (rowseq != nullptr) {
+    const int s = rowseq[r];
+    real = s >= 0;
+    b = real ? s : 0;
+    t = real ? r - row0[b] : 0;
+  } else {
+    b = r / PT;
+    t = r - b * PT;
+  }
   const int p = pos[b] + t;
   if (threadIdx.x < HALF)
     rope_cos_sin(p, theta, threadIdx.x, RD, cs[0][threadIdx.x], cs[1][threadIdx.x]);
@@ -117,7 +132,7 @@ __device__ __forceinline__ void attn_prep(const bf16* __restrict__ qkv, int ld,
 
   const int w = blockIdx.y * L::warps + (threadIdx.x >> 5);
   if (w >= L::heads) return;
-  const bool store_kv = t < ntok[b] && p < tmax;
+  const bool store_kv = real && t < ntok[b] && p < tmax;
   const bf16* row = qkv + (size_t)r * ld;
 
   if (w >= H + HKV) {  // v head: raw copy into the cache

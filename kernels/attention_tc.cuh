@@ -93,7 +93,8 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
                                         const bf16* __restrict__ vc, int tmax,
                                         const int* __restrict__ pos, const int* __restrict__ ntok,
                                         float* __restrict__ part, int* __restrict__ arrivals,
-                                        bf16* __restrict__ o) {
+                                        bf16* __restrict__ o,
+                                        const int* __restrict__ row0 = nullptr) {
   static_assert(D == 256, "attn_tc: 16 k-steps of QK and 16 m-tiles of PV per head");
   static_assert(H % HKV == 0 && H / HKV <= 8, "attn_tc: at most 8 query heads per kv head");
   static_assert(ST >= 2, "attn_tc: a ring of >= 2 stages");
@@ -111,11 +112,14 @@ __device__ __forceinline__ void attn_tc(const bf16* __restrict__ qbuf, const bf1
   const int lane = threadIdx.x & 31, ws = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int b = blockIdx.y / HKV, m = blockIdx.y - b * HKV, t = blockIdx.z;
-  const int r = b * PT + t;
+  const int nt = ntok[b], p = pos[b] + t;
+  // A packed chunk (row0, docs/KERNELS.md "Packed chunks"): sequence b's rows start at row0[b],
+  // and its rows t >= ntok[b] do not exist (the next sequence's are there): nothing to write.
+  if (row0 != nullptr && t >= nt) return;
+  const int r = row0 != nullptr ? row0[b] + t : b * PT + t;
   // This block's G heads: contiguous in row order, or in tile order (TNT > 0: OutTiles).
   bf16* const orow_rows = o + (size_t)r * (H * D) + m * G * D;
   const auto orow = out_heads<TNT>(orow_rows, o, H * D, r, m * G * D);
-  const int nt = ntok[b], p = pos[b] + t;
   if (t >= nt) {  // padding row: zeros from block x = 0
     if (blockIdx.x == 0) {
       if constexpr (TNT > 0) {

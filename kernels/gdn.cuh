@@ -16,6 +16,9 @@
 //   state   fp32 [B, SLOTS, HV, DK, DV]   S[i, j], row i = key dim, column j = value dim;
 //                             SLOTS = 1 (default): one state per sequence
 //   slot    int32 [B] or null  the slot holding sequence b's current state (null: slot 0)
+//   rows    int32 [B] or null  a packed chunk (docs/KERNELS.md "Packed chunks"): sequence b's
+//                             rows are rows[b] … rows[b] + ntok[b] − 1 (no padding rows between
+//                             sequences; rows past every sequence's are neither read nor written)
 // Speculative decoding (the mtp lane, docs/MODEL.md §8.3 rollback): RS = K-1+drafts keeps the raw m
 // of every position a rollback may resume from (a verify of drafts+1 tokens at p0 … p0+drafts
 // writes drafts+1 slots and keeps p0-2, p0-1; resuming at p0+n+1 reads p0+n-2 … p0+n, all of
@@ -210,7 +213,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
                                           bf16* __restrict__ ring, int* __restrict__ ring_arrivals,
                                           float* __restrict__ state, const int* __restrict__ pos,
                                           const int* __restrict__ ntok, bf16* __restrict__ out,
-                                          const int* __restrict__ slot = nullptr) {
+                                          const int* __restrict__ slot = nullptr,
+                                          const int* __restrict__ rows = nullptr) {
   static_assert(EACH == 0 || EACH == 1, "gdn: EACH is 0 or 1");
   static_assert(SLOTS >= 1 && (EACH == 0 || SLOTS >= PT), "gdn: EACH = 1 needs a slot per row");
   using L = GdnLaunch<DK, DV, HK, HV, K, PT, NS, RS>;
@@ -244,7 +248,8 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   const int h = (blockIdx.x / NS) % HV;
   const int b = blockIdx.x / (NS * HV);
   const int kh = h / R;
-  const size_t row0 = (size_t)b * PT;
+  // rows is written by the host before the step, like pos and ntok: readable before the wait.
+  const size_t row0 = rows != nullptr ? (size_t)rows[b] : (size_t)b * PT;
   const int c0 = s * COLS;  // this block's first column inside the head
   const bf16* ring_b = ring + (size_t)b * RS * C;
 
@@ -494,8 +499,9 @@ __device__ __forceinline__ void gdn_chunk(const bf16* __restrict__ mz, int ld_mz
   // No block may exit while a sibling still reads its Σo² (distributed shared memory).
   if constexpr (NS > 1) coop::this_cluster().barrier_arrive();
 
-  // 4. out = bf16( bf16(o·rstd) · w · silu(z) ); padding rows get 0.
-  for (int idx = tid; idx < PT * COLS; idx += NT) {
+  // 4. out = bf16( bf16(o·rstd) · w · silu(z) ); padding rows get 0 (a packed chunk has none:
+  // the rows after this sequence's are the next one's).
+  for (int idx = tid; idx < (rows != nullptr ? nt : PT) * COLS; idx += NT) {
     const int t = idx / COLS, c = idx % COLS;
     const int col = h * DV + c0 + c;
     float y = 0.f;

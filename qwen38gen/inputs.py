@@ -1,7 +1,8 @@
 """What the host hands an emitted program, shared by the PyCUDA runtime (runtime.py) and the numpy
 emulator of its schedule (emu/): the weights packed as the manifest lays them out
-(``pack_weights``, ``fused_arrays``) and the token rows of a prefill chunk (``prompt_chunk``).
-Plain numpy: importing it needs no GPU.
+(``pack_weights``, ``fused_arrays``) and the token rows of a prefill chunk (``prompt_chunk``,
+B·pt rows; ``packed_chunk`` and ``put_chunk``, the plain program's packed chunks). Plain numpy:
+importing it needs no GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +24,49 @@ def prompt_chunk(prompts: list[list[int]], c: int, pt: int) -> tuple[np.ndarray,
         ntok[b] = len(piece)
         toks[b * pt:b * pt + len(piece)] = piece
     return toks, ntok
+
+
+def packed_chunk(chunks: list[list[int]], pt: int) -> dict[str, np.ndarray]:
+    """A packed prefill chunk (docs/KERNELS.md "Packed chunks"): sequence b's ntok[b] =
+    len(chunks[b]) ≤ pt tokens are rows row0[b] … row0[b] + ntok[b] − 1, sequences one after
+    another (row0 the prefix sums of ntok); rowseq[r] is the sequence of row r, −1 past the
+    last. tokens and rowseq have B·pt entries (0 and −1 past the rows)."""
+    B = len(chunks)
+    ntok = np.array([len(c) for c in chunks], np.int32)
+    if ntok.size and ntok.max() > pt:
+        raise ValueError(f"a prefill chunk holds at most {pt} tokens per sequence")
+    row0 = np.concatenate([[0], np.cumsum(ntok)[:-1]]).astype(np.int32) if B else ntok
+    R = int(ntok.sum())
+    tokens = np.zeros(B * pt, np.int32)
+    rowseq = np.full(B * pt, -1, np.int32)
+    for b, c in enumerate(chunks):
+        tokens[row0[b]:row0[b] + len(c)] = c
+        rowseq[row0[b]:row0[b] + len(c)] = b
+    return {"tokens": tokens, "ntok": ntok, "row0": row0, "rowseq": rowseq, "rows": R}
+
+
+def chunk_phase(schedule: dict, rows: int) -> str:
+    """The prefill schedule of a plain program for a packed chunk of ``rows`` rows: the one
+    emitted for the fewest rows that hold them ("prefill" holds B·pt)."""
+    buckets = schedule["prefill_buckets"]["rows"]
+    r = next(r for r in buckets if r >= rows)
+    return "prefill" if r == buckets[-1] else f"prefill_r{r}"
+
+
+def put_chunk(put, schedule: dict, chunks: list[list[int]]) -> str:
+    """Hand a prefill chunk (``chunks[b]``: sequence b's tokens, at most pt) to a program through
+    ``put(name, array)``; the phase to run. A plain program with pt > 1 takes it packed, in the
+    schedule of the fewest rows that hold it; otherwise (pt = 1, the mtp lane) in B·pt rows."""
+    pt = schedule["prefill_pt"]
+    if "prefill_buckets" not in schedule:
+        toks, ntok = prompt_chunk(chunks, 0, pt)
+        put("tokens", toks)
+        put("ntok", ntok)
+        return "prefill"
+    pk = packed_chunk(chunks, pt)
+    for name in ("tokens", "ntok", "row0", "rowseq"):
+        put(name, pk[name])
+    return chunk_phase(schedule, max(pk["rows"], 1))
 
 
 def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:

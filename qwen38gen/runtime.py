@@ -18,7 +18,7 @@ from . import launch
 from .compare import nonfinite_where
 from .config import ModelConfig
 from .errors import UserError
-from .inputs import fused_arrays, pack_weights, prompt_chunk
+from .inputs import fused_arrays, pack_weights, put_chunk
 from .manifest import check_format
 from .plan.program import resolve_shape
 from .weights import BF16
@@ -380,10 +380,8 @@ class Runtime:
 
         nchunks = max(-(-len(p) // pt) for p in padded)
         for c in range(nchunks):
-            toks, ntok = prompt_chunk(padded, c, pt)
-            self.put("tokens", toks)
-            self.put("ntok", ntok)
-            self.run_phase("prefill")
+            self.run_phase(put_chunk(self.put, self.manifest["schedule"],
+                                     [p[c * pt:(c + 1) * pt] for p in padded]))
             ends = [b for b, p in enumerate(padded) if -(-len(p) // pt) == c + 1]
             if ends:
                 if topk:

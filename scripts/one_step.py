@@ -21,11 +21,17 @@ REFILL_TOKENS = 9
 def scenario(rt, cfg, B: int, refill: bool, run) -> list[str]:
     """The steps on ``rt`` (put, get, reset_slot; ``run(phase)`` launches a phase), asserting the
     positions and that a refill leaves the idle slots' state alone; returns what to print."""
+    from qwen38gen.inputs import put_chunk
+
     rng = np.random.default_rng(0)
     ntok = np.array([16, 5, 1][:B] + [7] * max(0, B - 3), np.int32)
-    rt.put("tokens", rng.integers(0, cfg.vocab_size, B * PT).astype(np.int32))
-    rt.put("ntok", ntok)
-    run("prefill")
+    sched = rt.manifest["schedule"]
+
+    def chunk(lengths):   # a packed chunk of random tokens, in the schedule that holds it
+        return put_chunk(rt.put, sched, [list(map(int, rng.integers(0, cfg.vocab_size, n)))
+                                         for n in lengths])
+
+    run(chunk(ntok))
     rt.put("ntok", np.ones(B, np.int32))
     rt.put("tokens", rt.get("next"))
     run("decode")
@@ -41,9 +47,7 @@ def scenario(rt, cfg, B: int, refill: bool, run) -> list[str]:
     rt.reset_slot(slot)
     fill = np.zeros(B, np.int32)
     fill[slot] = REFILL_TOKENS
-    rt.put("tokens", rng.integers(0, cfg.vocab_size, B * PT).astype(np.int32))
-    rt.put("ntok", fill)
-    run("prefill")
+    run(chunk(fill))
     want = pos.copy()
     want[slot] = REFILL_TOKENS
     assert list(rt.get("pos")) == list(want), rt.get("pos")

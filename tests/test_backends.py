@@ -102,8 +102,13 @@ def test_runtime_backend_layout():
     assert (be.slots, be.chunk, be.ctx) == (3, 4, 32)
     assert be.samples   # tokens are chosen on the device: no logits come back
     assert be.prefill([[5, 6, 7], [], [9]]) == [None] * 3
-    assert rec.log[1:] == [("put", "tokens", [5, 6, 7, 0, 0, 0, 0, 0, 9, 0, 0, 0]),
-                           ("put", "ntok", [3, 0, 1]), ("run", "prefill")]
+    # packed (docs/KERNELS.md): 4 rows, in the schedule of 8 (B = 3, pt 4: 8 and 12 rows)
+    assert rec.log[1:] == [("put", "tokens", [5, 6, 7, 9, 0, 0, 0, 0, 0, 0, 0, 0]),
+                           ("put", "ntok", [3, 0, 1]), ("put", "row0", [0, 3, 3]),
+                           ("put", "rowseq", [0, 0, 0, 2] + [-1] * 8), ("run", "prefill_r8")]
+    rec.log.clear()
+    be.prefill([[1, 2, 3, 4], [5, 6, 7, 8], [9]])            # 9 rows: the whole 12
+    assert rec.log[-1] == ("run", "prefill")
     rec.log.clear()
     be.decode([None, 4, 2])
     assert rec.log == [("put", "tokens", [0, 4, 2]), ("put", "ntok", [0, 1, 1]), ("run", "decode")]

@@ -20,6 +20,7 @@ from qwen38gen.weights import default_tensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import one_step  # noqa: E402
+from qwen38gen.inputs import put_chunk  # noqa: E402
 
 
 class EmuSlots(Emu):
@@ -49,7 +50,8 @@ def test_refill_scenario_holds_and_equals_a_fresh_slot(emu_setup):
     emu = EmuSlots(man, cfg, t, tmax=64)
     calls = []
     lines = one_step.scenario(emu, cfg, 3, True, lambda ph: (calls.append(ph), emu.run(ph)))
-    assert calls == ["prefill", "decode", "topk", "prefill", "decode"]
+    # packed chunks (B = 3, pt 16: schedules for 8, 16, 32 and 48 rows): 22 rows, then 9
+    assert calls == ["prefill_r32", "decode", "topk", "prefill_r16", "decode"]
     assert lines[1].startswith("refill: slot 1 reset and prefilled alone (9 tokens)")
     refilled = emu.get("logits")[1].copy()
     toks = emu.get("tokens")
@@ -57,11 +59,11 @@ def test_refill_scenario_holds_and_equals_a_fresh_slot(emu_setup):
     # the same refill tokens and the same next token into slot 1 of a fresh program
     fresh = EmuSlots(man, cfg, t, tmax=64)
     rng = np.random.default_rng(0)
-    rng.integers(0, cfg.vocab_size, 3 * one_step.PT)           # the first chunk's draw
-    chunk = rng.integers(0, cfg.vocab_size, 3 * one_step.PT).astype(np.int32)
-    fresh.put("tokens", chunk)
-    fresh.put("ntok", np.array([0, one_step.REFILL_TOKENS, 0], np.int32))
-    fresh.run("prefill")
+    for n in (16, 5, 1):                                        # the first chunk's draws
+        rng.integers(0, cfg.vocab_size, n)
+    chunk = [list(map(int, rng.integers(0, cfg.vocab_size, n)))
+             for n in (0, one_step.REFILL_TOKENS, 0)]
+    fresh.run(put_chunk(fresh.put, man["schedule"], chunk))
     fresh.put("ntok", np.array([0, 1, 0], np.int32))
     fresh.put("tokens", np.array([0, toks[1], 0], np.int32))
     fresh.run("decode")

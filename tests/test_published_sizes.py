@@ -18,7 +18,7 @@ from qwen38gen.config import PRESETS, PUBLISHED, _hybrid, load_config
 from qwen38gen.emit import emit_program
 from qwen38gen.emu.schedule import Emu
 from qwen38gen.errors import UserError
-from qwen38gen.inputs import prompt_chunk
+from qwen38gen.inputs import put_chunk
 from qwen38gen.lanes import Lanes, check_model
 from qwen38gen.quantize import int4_weights
 from qwen38gen.reference import Reference
@@ -92,9 +92,7 @@ def emulate_against_reference(cfg, tensors, ref, man, B: int, pt: int, seed: int
     st = ref.new_state(B)
     ref_lg, _ = ref.prefill(st, prompts)
     for c in range(max(-(-len(p) // pt) for p in prompts)):
-        toks, ntok = prompt_chunk(prompts, c, pt)
-        emu.buf["tokens"][:B * pt], emu.buf["ntok"][:] = toks, ntok
-        emu.run("prefill")
+        emu.run(put_chunk(emu.put, man["schedule"], [p[c * pt:(c + 1) * pt] for p in prompts]))
         logits = emu.view(["buf", "logits", 0, 0], (B, cfg.vocab_size))
         for b, p in enumerate(prompts):
             if -(-len(p) // pt) == c + 1:

@@ -11,7 +11,7 @@ import pytest
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.emu.schedule import Emu
-from qwen38gen.inputs import prompt_chunk
+from qwen38gen.inputs import put_chunk
 from qwen38gen.lanes import Lanes
 from qwen38gen.plan.arch import arch_facts
 from qwen38gen.quantize import int4_weights
@@ -78,9 +78,7 @@ def _check_against_reference(cfg, t, ref, man, B, pt, btg):
     ref_lg, _ = ref.prefill(st, prompts)
     lg_emu = [None] * B
     for c in range(max(-(-len(p) // pt) for p in prompts)):
-        toks, ntok = prompt_chunk(prompts, c, pt)
-        emu.buf["tokens"][:B * pt], emu.buf["ntok"][:] = toks, ntok
-        emu.run("prefill")
+        emu.run(put_chunk(emu.put, man["schedule"], [p[c * pt:(c + 1) * pt] for p in prompts]))
         logits = emu.view(["buf", "logits", 0, 0], (B, cfg.vocab_size))
         for b, p in enumerate(prompts):
             if -(-len(p) // pt) == c + 1:

@@ -24,7 +24,7 @@ from ..config import ModelConfig
 from ..serve.backends import ProgramSlots
 from ..serve.engine import NonFiniteLogits
 from ..errors import UserError
-from ..inputs import prompt_chunk
+from ..inputs import put_chunk
 from ..sampling import SamplingParams
 from .schedule import Emu
 
@@ -112,21 +112,20 @@ class EmuBackend(ProgramSlots):
                 raise NonFiniteLogits(f"non-finite {where}")
         return None if self.samples else lg
 
-    def _phase(self, phase: str, toks: np.ndarray, fed: list[int]) -> np.ndarray:
-        self._check(fed)
-        self.emu.put("tokens", toks)
-        self.emu.put("ntok", np.asarray(fed, np.int64))
-        self.emu.run(phase)
-        return self._logits(fed)
-
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
         B, pt = self.slots, self.chunk
         if len(chunks) != B or any(len(c) > pt for c in chunks):
             raise ValueError(f"a prefill chunk is {B} lists of at most {pt} tokens")
-        toks, _ = prompt_chunk(chunks, 0, pt)
-        lg = self._phase("prefill", toks, [len(c) for c in chunks])
+        fed = [len(c) for c in chunks]
+        self._check(fed)
+        self.emu.run(put_chunk(self.emu.put, self.manifest["schedule"], chunks))
+        lg = self._logits(fed)
         return [lg[b] if len(c) and lg is not None else None for b, c in enumerate(chunks)]
 
     def decode(self, tokens: list[int | None]) -> np.ndarray | None:
-        toks = np.array([0 if t is None else t for t in tokens], np.int64)
-        return self._phase("decode", toks, [0 if t is None else 1 for t in tokens])
+        fed = [0 if t is None else 1 for t in tokens]
+        self._check(fed)
+        self.emu.put("tokens", np.array([0 if t is None else t for t in tokens], np.int64))
+        self.emu.put("ntok", np.asarray(fed, np.int64))
+        self.emu.run("decode")
+        return self._logits(fed)

@@ -27,6 +27,7 @@ class Emu:
     def __init__(self, man: dict, cfg, tensors: dict, tmax: int):
         check_format(man)
         self.man, self.cfg, self.tmax = man, cfg, tmax
+        self.manifest = man   # the name Runtime gives it
         packed = pack_weights(cfg, tensors, mtp=bool(man["lanes"]["mtp"]))
         self.W = {}
         for name, spec in man["weights"].items():
@@ -160,10 +161,18 @@ class Emu:
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         ring = self.view(a[10], (B, rs, C))
         st_all = self.view(a[12], (B, slots, hv, dk, dv))
-        slot = self.view(a[16], (B,)) if len(a) > 16 else np.zeros(B, np.int64)
+        packed = k.get("packed", 0)
+        slot = (self.view(a[16], (B,)) if len(a) > 16 and not packed
+                else np.zeros(B, np.int64))
         st = st_all[np.arange(B), slot]
         pos = self.view(a[13], (B,))
         ntok = self.view(a[14], (B,))
+        if packed:   # sequence b's rows from row0[b] on: into the B·pt layout and back below
+            row0 = self.view(a[16], (B,))
+            full = np.zeros_like(proj)
+            for b in range(B):
+                full[b * pt:b * pt + ntok[b]] = proj[row0[b]:row0[b] + ntok[b]]
+            mz, ba = full, full[:, a[2][2]:]
         out, ring2, st2, per = R.gdn_chunk(
             mz, ba, a[4][1], self.T[a[5][1]][:, 0, :], self.T[a[6][1]], self.T[a[7][1]],
             self.T[a[8][1]], a[9][1], ring, st, pos, ntok, hk=c.linear_num_key_heads, hv=hv,
@@ -174,6 +183,8 @@ class Emu:
                 st_all[b, :ntok[b]] = per[b, :ntok[b]]
             else:
                 st_all[b, slot[b]] = st2[b]
+        if packed:   # only the sequences' rows (the rows after them are not written)
+            out = np.concatenate([out[b * pt:b * pt + ntok[b]] for b in range(B)])
         self.put_rows(L, a[15], out)   # "tiles": in the out GEMV's tile order
 
     def k_attn(self, L, pt):
@@ -181,18 +192,25 @@ class Emu:
         a = L["args"]
         B, R_ = self.B, self.B * pt
         H, HKV, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        packed = self.kernel(L).get("packed", 0)
         if self.kernel(L)["family"] == "attn_prep":
+            R_ = L["grid"][0]
             qkv = self.view(a[0], (R_, a[1][1]))
             pos, ntok = self.view(a[6], (B,)), self.view(a[7], (B,))
-            rows = np.array([pos[r // pt] + r % pt for r in range(R_)])
+            if packed:   # (sequence, token) of each row; (−1, 0) past the sequences' rows
+                seq, row0 = self.view(a[12], (R_,)), self.view(a[13], (B,))
+                bt = [(int(b), r - int(row0[b])) if b >= 0 else (-1, 0)
+                      for r, b in enumerate(seq)]
+            else:
+                bt = [divmod(r, pt) for r in range(R_)]
+            rows = np.array([pos[b] + t if b >= 0 else 0 for b, t in bt])
             q, k, v, _ = R.attn_prep(qkv, self.T[a[2][1]], self.T[a[3][1]], a[4][1], a[5][1],
                                      rows, H, HKV, D, c.rotary_dim)
             self.view(a[8], (R_, H, D))[:] = q
             kc = self.view(a[9], (B, HKV, self.tmax, D))
             vc = self.view(a[10], (B, HKV, self.tmax, D))
-            for r in range(R_):
-                b, t = divmod(r, pt)
-                if t < ntok[b]:
+            for r, (b, t) in enumerate(bt):
+                if b >= 0 and t < ntok[b]:
                     kc[b, :, pos[b] + t], vc[b, :, pos[b] + t] = k[r], v[r]
             return
         qb = self.view(a[0], (R_, H, D))
@@ -205,11 +223,12 @@ class Emu:
         # before and after (the kernel's merger resets them)
         self.view(a[8], (R_, HKV, attn_stride(self.tmax), attn_part_floats(c)))
         assert not self.view(a[9], (R_, HKV)).any()
-        o = np.zeros((R_, H * D))
-        for r in range(R_):
-            b, t = divmod(r, pt)
-            if t < ntok[b]:
-                p = pos[b] + t
+        row0 = self.view(a[11], (B,)) if packed else np.arange(B) * pt
+        # packed: only the sequences' rows are written (the rows after them are not)
+        o = np.zeros((int(ntok.sum()) if packed else R_, H * D))
+        for b in range(B):
+            for t in range(ntok[b]):
+                r, p = row0[b] + t, pos[b] + t
                 o[r] = R.gated_attention_row(qb[r], gate[r], kc[b, :, :p + 1], vc[b, :, :p + 1])
         self.put_rows(L, a[10], o)   # "tiles": in the out GEMV's tile order
 
@@ -218,8 +237,10 @@ class Emu:
         x = self.view(L["args"][0], (self.B * pt, H))
         ntok = self.view(L["args"][1], (self.B,))
         y = self.view(L["args"][2], (self.B, H))
+        row0 = (self.view(L["args"][3], (self.B,)) if self.kernel(L).get("packed", 0)
+                else np.arange(self.B) * pt)
         for b in range(self.B):
-            y[b] = x[b * pt + max(ntok[b] - 1, 0)]
+            y[b] = x[row0[b] + max(ntok[b] - 1, 0)]
 
     def k_argmax(self, L, pt):
         R_ = L["grid"][0]

@@ -32,17 +32,19 @@ ATTN_PARAMS = ((BF, "qbuf"), (BF, "qkv"), ("int", "ld"), (BF, "kc"), (BF, "vc"),
                ("q38::bf16*", "o"))
 
 
-def attn_prep_entry(cfg: ModelConfig, pt: int) -> Entry:
+def attn_prep_entry(cfg: ModelConfig, pt: int, packed: bool = False) -> Entry:
+    """packed: a packed chunk's instance (rowseq, row0: docs/KERNELS.md "Packed chunks")."""
     d, rd, h, hkv = cfg.head_dim, cfg.rotary_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     targs = f"{d}, {rd}, {h}, {hkv}, {pt}"
     return Entry(
-        f"q38_attn_prep_pt{pt}", f"q38::attn_prep<{targs}>",
+        f"q38_attn_prep_pt{pt}" + ("_pk" if packed else ""), f"q38::attn_prep<{targs}>",
         ((BF, "qkv"), ("int", "ld"), (BF, "q_norm"), (BF, "k_norm"), ("float", "eps"),
          ("float", "theta"), (I32, "pos"), (I32, "ntok"), ("q38::bf16*", "qbuf"),
-         ("q38::bf16*", "kc"), ("q38::bf16*", "vc"), ("int", "tmax")),
+         ("q38::bf16*", "kc"), ("q38::bf16*", "vc"), ("int", "tmax"))
+        + (((I32, "rowseq"), (I32, "row0")) if packed else ()),
         256, asserts=(f"q38::AttnPrepLaunch<{targs}>::threads == 256",
                       f"q38::AttnPrepLaunch<{targs}>::grid_y == {cdiv(h + 2 * hkv, 8)}"),
-        family="attn_prep", meta=(("pt", pt),))
+        family="attn_prep", meta=(("pt", pt),) + ((("packed", 1),) if packed else ()))
 
 
 def attn_span(n: int) -> int:
@@ -84,9 +86,11 @@ def attn_tc_smem(cfg: ModelConfig, nw: int = ATTN_TC_NW, st: int = 2) -> int:
     return st * 16 * nw * 2 * d * 2 + nw * g * (d + 4) * 4 + 8 * (d + 8) * 2
 
 
-def attn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts, tnt: int = 0) -> Entry:
+def attn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts, tnt: int = 0,
+               packed: bool = False) -> Entry:
     """attn_tc for chunks of pt rows at Tuning's ST and MB. tnt > 0: o in wgmma_q4's activation
-    tile order for 8·tnt-row tiles (the out projection's XT)."""
+    tile order for 8·tnt-row tiles (the out projection's XT). packed: a packed chunk's instance
+    (row0: docs/KERNELS.md "Packed chunks")."""
     d, h, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     st, mb = tuning.attn_st, tuning.attn_mb
     threads, smem = 32 * ATTN_TC_NW, attn_tc_smem(cfg, ATTN_TC_NW, st)
@@ -98,10 +102,11 @@ def attn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts, tnt: 
     A = f"q38::AttnTcLaunch<{targs}>"
     call = f"q38::attn_tc<{targs}" + (f", {tnt}>" if tnt else ">")
     return Entry(
-        f"q38_attn_tc_pt{pt}" + (f"_t{tnt}" if tnt else ""), call, ATTN_PARAMS, threads,
+        f"q38_attn_tc_pt{pt}" + (f"_t{tnt}" if tnt else "") + ("_pk" if packed else ""), call,
+        ATTN_PARAMS + (((I32, "row0"),) if packed else ()), threads,
         smem=smem, min_blocks=mb,
         asserts=(f"{A}::threads == {threads}", f"{A}::split == {ATTN_SPLIT}",
                  f"{A}::max_splits == {ATTN_MAX_SPLITS}", f"{A}::dyn_smem_bytes == {smem}",
                  f"{A}::min_blocks == {mb}",
                  f"{A}::part_floats == {attn_part_floats(cfg)}"),
-        family="attn_tc", meta=(("tiles", tnt), ("pt", pt)))
+        family="attn_tc", meta=(("tiles", tnt), ("pt", pt)) + ((("packed", 1),) if packed else ()))

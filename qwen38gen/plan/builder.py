@@ -189,31 +189,32 @@ class ScheduleBuilder:
         return self.tiled_input(wname, R) if self.tuning.out_xt else 0
 
     def attention(self, pt: int, R: int, sa: str, kc: list, vc: list, ntok: str = "ntok",
-                  pos: str = "pos", tnt: int = 0) -> list[dict]:
+                  pos: str = "pos", tnt: int = 0, packed: bool = False) -> list[dict]:
         """attn_prep + attn_tc of one gated-attention layer over proj (q|k|v), into o (in tile
-        order for 8·tnt-row tiles where tnt > 0)."""
+        order for 8·tnt-row tiles where tnt > 0); packed: over a packed chunk of R rows."""
         cfg, B, n_in = self.cfg, self.B, self.n_in
         Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        ap = self.plan.entry(attn_prep_entry(cfg, pt))
-        at = self.plan.entry(attn_entry(cfg, pt, self.tuning, self.arch, tnt))
+        ap = self.plan.entry(attn_prep_entry(cfg, pt, packed))
+        at = self.plan.entry(attn_entry(cfg, pt, self.tuning, self.arch, tnt, packed))
         gx = attn_grid_x(B * Hkv * pt, attn_blocks(self.tuning, self.arch))
         return [{"k": ap.name, "grid": [R, cdiv(Hq + 2 * Hkv, 8), 1],
                  "args": [buf("proj"), ["i32", n_in], ["t", sa + "q_norm.weight"],
                           ["t", sa + "k_norm.weight"], ["f32", self.eps],
                           ["f32", cfg.rope_theta], buf(pos), buf(ntok), buf("qbuf"),
-                          kc, vc, ["tmax"]]},
+                          kc, vc, ["tmax"]] + ([buf("rowseq"), buf("row0")] if packed else [])},
                 {"k": at.name, "grid": [gx, B * Hkv, pt],
                  "args": [buf("qbuf"), buf("proj"), ["i32", n_in], kc, vc,
                           ["tmax"], buf(pos), buf(ntok), buf("attn_part"),
-                          buf("attn_arrivals"), buf("o")]}]
+                          buf("attn_arrivals"), buf("o")] + ([buf("row0")] if packed else [])}]
 
     # ------------------------------------------------------------------------- layer steps
     def embed(self, tokens: str, R: int) -> dict:
         e = self.plan.entry(embed_entry(self.H))
         return {"k": e.name, "grid": [R, 1, 1], "args": [["t", EMBED], buf(tokens), buf("x")]}
 
-    def linear_mixer(self, i: int, pt: int, verify: bool, tnt: int) -> dict:
-        """The GDN launch of linear-attention layer i over proj, into o."""
+    def linear_mixer(self, i: int, pt: int, verify: bool, tnt: int, packed: bool = False) -> dict:
+        """The GDN launch of linear-attention layer i over proj, into o (packed: a packed
+        chunk)."""
         cfg, B = self.cfg, self.B
         C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
         dkv = cfg.linear_key_head_dim * cfg.linear_value_head_dim
@@ -223,7 +224,8 @@ class ScheduleBuilder:
                                           self.SLOTS, tnt=tnt))
             L = gdn_launch(cfg, pt, self.RS)
         else:
-            g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, batch=B, tnt=tnt))
+            g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, batch=B, tnt=tnt,
+                                          packed=packed))
             L = gdn_launch(cfg, pt)
         n = self.linear_index[i]
         return {"k": g.name, "grid": [B * L["blocks_per_seq"], 1, 1],
@@ -234,23 +236,23 @@ class ScheduleBuilder:
                          buf("conv", n * B * self.RS * C), buf("ring_arrivals"),
                          buf("rec", n * B * self.SLOTS * hv * dkv),
                          buf("pos"), buf("ntok"), buf("o")]
-                + ([buf("slot")] if self.K else [])}
+                + ([buf("slot")] if self.K else []) + ([buf("row0")] if packed else [])}
 
-    def layer(self, i: int, pt: int, verify: bool) -> list[dict]:
-        """Decoder layer i over R = B·pt rows: norm + in projection, the mixer (GDN or gated
-        attention) into o, x += out projection, the MLP."""
-        cfg, R = self.cfg, self.B * pt
+    def layer(self, i: int, pt: int, verify: bool, rows: int | None = None) -> list[dict]:
+        """Decoder layer i over R = B·pt rows (or a packed chunk of R = rows rows): norm + in
+        projection, the mixer (GDN or gated attention) into o, x += out projection, the MLP."""
+        cfg, R, packed = self.cfg, rows or self.B * pt, rows is not None
         p = f"model.language_model.layers.{i}."
         s = self.normed_gemv(p + "input_layernorm.weight", f"L{i}.in", "proj", self.n_in, R)
         tnt = self.out_tiles(f"L{i}.out", R)
         linear = i in self.linear_index
         if linear:
-            s.append(self.linear_mixer(i, pt, verify, tnt))
+            s.append(self.linear_mixer(i, pt, verify, tnt, packed))
         else:
             kv = self.B * cfg.num_key_value_heads * cfg.head_dim   # per cached position
             n = self.attn_index[i]
             s += self.attention(pt, R, p + "self_attn.", buf("kc", 0, n * kv),
-                                buf("vc", 0, n * kv), tnt=tnt)
+                                buf("vc", 0, n * kv), tnt=tnt, packed=packed)
         # o is written densely by its producer: [R, Cv] after GDN, [R, H·D] after attention
         # (or in the tile order of the out GEMV, where it reads it so).
         s.append(self.gemv(f"L{i}.out", "o", "x", self.H, R, EPI_ADD,
@@ -258,10 +260,12 @@ class ScheduleBuilder:
         s += self.mlp(p + "post_attention_layernorm.weight", f"L{i}.gate_up", f"L{i}.down", R)
         return s
 
-    def final_norm_and_head(self, pt: int, verify: bool) -> list[dict]:
+    def final_norm_and_head(self, pt: int, verify: bool, rows: int | None = None) -> list[dict]:
         """The final norm, the lm_head and argmax: over every row into vnext (verify), else over
-        each sequence's last row into next (after gathering it, pt > 1)."""
-        B, R, H, V = self.B, self.B * pt, self.H, self.V
+        each sequence's last row into next (after gathering it, pt > 1; rows: of a packed
+        chunk of that many rows)."""
+        B, H, V = self.B, self.H, self.V
+        R, packed = rows or B * pt, rows is not None
         # A decode step of a lane without mtp feeds the final norm straight to the lm_head,
         # so it may write the tile order; elsewhere the gather or the mtp layer reads it in rows.
         tnt = self.tiled_input("lm_head", B) if pt == 1 and not verify and not self.K else 0
@@ -277,9 +281,10 @@ class ScheduleBuilder:
             return s
         src = "h"
         if pt > 1:
-            gl = self.plan.entry(gather_last_entry(H, pt))
+            gl = self.plan.entry(gather_last_entry(H, pt, packed))
             s.append({"k": gl.name, "grid": [B, 1, 1],
-                      "args": [buf("h"), buf("ntok"), buf("hlast")]})
+                      "args": [buf("h"), buf("ntok"), buf("hlast")]
+                      + ([buf("row0")] if packed else [])})
             src = "hlast"
         s.append(self.gemv("lm_head", src, "logits", V, B, EPI_STORE, xt=bool(tnt)))
         s.append({"k": am.name, "grid": [B, 1, 1],
@@ -292,13 +297,14 @@ class ScheduleBuilder:
                 "args": [buf("pos"), buf(ntok), ["i32", self.B]]}
 
     def step(self, pt: int, tokens: str = "tokens", verify: bool = False,
-             advance: bool = True) -> list[dict]:
+             advance: bool = True, rows: int | None = None) -> list[dict]:
         """The target over pt rows per sequence. verify: lm_head and argmax over every row
-        (into vnext), the GDN writing a state slot per row."""
-        s = [self.embed(tokens, self.B * pt)]
+        (into vnext), the GDN writing a state slot per row. rows: a packed chunk of that many
+        rows (at most pt per sequence; docs/KERNELS.md "Packed chunks")."""
+        s = [self.embed(tokens, rows or self.B * pt)]
         for i in range(self.cfg.num_hidden_layers):
-            s += self.layer(i, pt, verify)
-        s += self.final_norm_and_head(pt, verify)
+            s += self.layer(i, pt, verify, rows)
+        s += self.final_norm_and_head(pt, verify, rows)
         if advance:
             s.append(self.advance_step("ntok"))
         return s

@@ -69,10 +69,13 @@ def topk_entry(v: int) -> Entry:
                  family="topk")
 
 
-def gather_last_entry(h: int, pt: int) -> Entry:
-    return Entry(f"q38_gather_last_h{h}_pt{pt}", f"q38::gather_last<{h}, {pt}>",
-                 ((BF, "x"), (I32, "ntok"), ("q38::bf16*", "y")), 128, family="gather_last",
-                 meta=(("pt", pt),))
+def gather_last_entry(h: int, pt: int, packed: bool = False) -> Entry:
+    """packed: a packed chunk's instance (row0: docs/KERNELS.md "Packed chunks")."""
+    return Entry(f"q38_gather_last_h{h}_pt{pt}" + ("_pk" if packed else ""),
+                 f"q38::gather_last<{h}, {pt}>",
+                 ((BF, "x"), (I32, "ntok"), ("q38::bf16*", "y"))
+                 + (((I32, "row0"),) if packed else ()), 128, family="gather_last",
+                 meta=(("pt", pt),) + ((("packed", 1),) if packed else ()))
 
 
 def advance_entry() -> Entry:

@@ -38,12 +38,15 @@ class Entry:
     # its output in, 0 for rows): the manifest's typed fields, never parsed from the name.
     family: str = ""
     meta: tuple[tuple[str, object], ...] = ()
+    # The body's arguments where they are not the parameters in order (e.g. a nullptr for an
+    # optional pointer the entry does not take, before one it does).
+    call_args: tuple[str, ...] = ()
 
     def render(self, trace_kid: int | None = None) -> str:
         """The entry point's source; trace_kid: in the trace variant of a program (trace.cuh), the
         body runs inside a TraceScope that records this entry's index."""
         sig = ", ".join(f"{t} {n}" for t, n in self.params)
-        args = ", ".join(n for _, n in self.params)
+        args = ", ".join(self.call_args or [n for _, n in self.params])
         pre = "q38::pdl_launch_dependents(); " + ("" if self.waits else "q38::pdl_wait(); ")
         if trace_kid is not None:
             pre = f"q38::TraceScope q38_trace_scope({trace_kid}); " + pre

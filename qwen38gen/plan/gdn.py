@@ -55,12 +55,14 @@ def gdn_launch(cfg: ModelConfig, pt: int, rs: int | None = None) -> dict:
 
 def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
               rs: int | None = None, each: int = 0, slots: int = 1, batch: int = 0,
-              tnt: int = 0) -> Entry:
+              tnt: int = 0, packed: bool = False) -> Entry:
     """rs=None: the plain program's instance (ring K − 1, one state, no slot argument). Else the
     mtp lane's: ring rs slots, `slots` states per sequence picked by a `slot` argument, and
     each=1 writing the state after every token into its own slot (the verify pass). batch: the
     lane's B (the GE and GW rules). tnt > 0: out in wgmma_q4's activation tile order for
-    8·tnt-row tiles (the out projection's XT)."""
+    8·tnt-row tiles (the out projection's XT). packed: a packed chunk's instance (a `rows`
+    argument: each sequence's first row; docs/KERNELS.md "Packed chunks"), plain program only."""
+    assert not (packed and rs is not None), "the mtp lane's chunks are not packed"
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
@@ -77,11 +79,15 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
           if 0 <= ge < dk // 8 and tuning.gdn_gw and batch <= table.GDN_GW_MAX_BATCH else 0)
     name = (f"q38_gdn_pt{pt}"
             + (f"_rs{rs}_s{slots}_e{each}" if rs is not None else "") + (f"_ge{ge}" if ge >= 0 else "")
-            + (f"_w{gw}" if gw else "") + (f"_t{tnt}" if tnt else ""))
+            + (f"_w{gw}" if gw else "") + (f"_t{tnt}" if tnt else "") + ("_pk" if packed else ""))
     call = f"q38::gdn_chunk<{targs}, {ring}, {each}, {slots}, {tnt}, {ge}, {gw}>"
     ltargs = f"{targs}, {ring}"
     if rs is not None:
         params += ((I32, "slot"),)
+    call_args = ()
+    if packed:
+        call_args = tuple(n for _, n in params) + ("nullptr", "rows")
+        params += ((I32, "rows"),)
     return Entry(
         name, call, params,
         L["threads"], smem=L["smem"], cluster=L["cluster"], min_blocks=L["min_blocks"],
@@ -91,4 +97,5 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
                  f"q38::GdnLaunch<{ltargs}>::cluster == {L['cluster']}",
                  f"q38::GdnLaunch<{ltargs}>::min_blocks == {L['min_blocks']}"),
         family="gdn", meta=(("tiles", tnt), ("pt", pt), ("ring", ring), ("slots", slots),
-                            ("each", each)))
+                            ("each", each)) + ((("packed", 1),) if packed else ()),
+        call_args=call_args)

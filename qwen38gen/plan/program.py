@@ -37,6 +37,9 @@ def plan_buffers(cfg: ModelConfig, lanes: Lanes, n_in: int) -> dict:
         "tokens": {"dtype": "int32", "shape": [rmax]},
         "pos": {"dtype": "int32", "shape": [B]},
         "ntok": {"dtype": "int32", "shape": [B]},
+        # A packed chunk (docs/KERNELS.md): each sequence's first row, each row's sequence.
+        "row0": {"dtype": "int32", "shape": [B]},
+        "rowseq": {"dtype": "int32", "shape": [rmax]},
         "x": {"dtype": "bfloat16", "shape": [rmax, H]},
         # h and act may hold a GEMV input in tile order: whole batch tiles of rows.
         "h": {"dtype": "bfloat16", "shape": [cdiv(rmax, btg) * btg, H]},
@@ -92,6 +95,17 @@ def plan_buffers(cfg: ModelConfig, lanes: Lanes, n_in: int) -> dict:
     return buffers
 
 
+def prefill_buckets(batch: int, pt: int, btg: int) -> list[int]:
+    """The row counts a plain program's packed prefill chunk is emitted for: btg, 2·btg, 4·btg …
+    below B·pt, then B·pt (a chunk runs in the first that holds its rows: at most twice the rows
+    it carries, in whole batch tiles)."""
+    cap, r, out = batch * pt, btg, []
+    while r < cap:
+        out.append(r)
+        r *= 2
+    return out + [cap]
+
+
 def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     """Entries, buffers, weights and the decode / prefill schedules for cfg at these lanes
     (and, for lanes.mtp = K > 0, the mtp lane's prefill and verify schedules)."""
@@ -109,8 +123,17 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
 
     b = (SpecBuilder if K else ScheduleBuilder)(cfg, lanes, plan)
     plan.schedule = {"decode": b.step(1)}
-    plan.schedule["prefill"] = b.step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
+    if K or lanes.pt == 1:
+        plan.schedule["prefill"] = b.step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
     plan.schedule["prefill_pt"] = lanes.pt
+    if not K and lanes.pt > 1:
+        # Packed chunks (docs/KERNELS.md): one schedule per row count a chunk may round up to,
+        # so a chunk costs about the rows it carries (inputs.chunk_phase picks one).
+        buckets = prefill_buckets(lanes.batch, lanes.pt, lanes.btg)
+        plan.schedule["prefill_buckets"] = {"rows": buckets}
+        for r in buckets:
+            plan.schedule["prefill" if r == buckets[-1] else f"prefill_r{r}"] = b.step(
+                lanes.pt, rows=r)
     if K:
         plan.schedule["prefill"] = b.prefill(lanes.pt)
         plan.schedule["verify"] = b.verify()

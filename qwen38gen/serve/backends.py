@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from ..inputs import prompt_chunk
+from ..inputs import put_chunk
 from ..reference import Reference
 from ..sampling import SamplingParams, pack_params
 
@@ -140,10 +140,7 @@ class RuntimeBackend(ProgramSlots):
         return self.rt.get("logits")[:self.slots]
 
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
-        toks, ntok = prompt_chunk(chunks, 0, self.chunk)
-        self.rt.put("tokens", toks)
-        self.rt.put("ntok", ntok)
-        self.rt.run_phase("prefill")
+        self.rt.run_phase(put_chunk(self.rt.put, self.rt.manifest["schedule"], chunks))
         return [None] * self.slots
 
     def decode(self, tokens: list[int | None]) -> None:

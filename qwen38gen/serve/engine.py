@@ -15,6 +15,15 @@ queue; B slots hold running sequences. A step is either a **prefill chunk** or a
   chooses its first token from the logits of its last row.
 * Otherwise a decode step: every decoding sequence feeds its last token and chooses the next.
 
+A chunk costs what it carries: the program takes it packed (docs/KERNELS.md "Packed chunks"),
+each slot's rows after the previous slot's, in the schedule emitted for the fewest rows that hold
+them, so 63 riding decoders and one slot's 16 prompt tokens are 79 rows, not B·pt = 1 024. The
+policy: every prefilling slot takes up to ``chunk`` prompt tokens a step (first come first
+served, the smallest cut a prompt can have in the program's chunk width), every decoding slot
+one; with packing, a step's rows are at most B·pt, and its cost rises with them only where the
+GEMVs turn from weight-bound to arithmetic-bound (hundreds of rows on the 27B), so no token
+budget below B·pt is imposed.
+
 Riding is exact because a row's arithmetic does not depend on whether its step is a prefill
 chunk or a decode step, on B or on its neighbours (docs/MODEL.md §7, "One arithmetic for every
 row"): every GEMV kernel gives gemv_q4's bits at any row count, the GDN kernel runs a chunk token
