@@ -304,11 +304,14 @@ def serve_table(cfg, workload: str, rows) -> Table:
     """`bench --serve`: one row per (B, schedule) of perf/serve_bench.ServeRow."""
     t = Table(title=f"serving {cfg.name}, {workload}")
     for c in ("B", "pt", "schedule", "output tok/s", "steps (prefill / decode)", "rows (prompt / "
-              "decode)", "ms/step", "occupancy", "decode occ.", "lockstep steps"):
+              "decode)", "ms/step", "occupancy", "decode occ.", "lockstep steps",
+              "TTFT p50 / p99 ms", "TPOT p50 / p99 ms"):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(str(r.batch), str(r.pt), r.schedule, f"{r.tok_s:,.0f}",
                   f"{r.steps} ({r.prefill_steps} / {r.decode_steps})",
                   f"{r.prompt_rows} / {r.decode_rows}", f"{r.ms_per_step:.3f}",
-                  f"{r.occupancy:.2f}", f"{r.decode_occupancy:.2f}", str(r.lockstep_steps))
+                  f"{r.occupancy:.2f}", f"{r.decode_occupancy:.2f}", str(r.lockstep_steps),
+                  f"{r.ttft_p50_ms:,.0f} / {r.ttft_p99_ms:,.0f}",
+                  f"{r.tpot_p50_ms:.2f} / {r.tpot_p99_ms:.2f}")
     return t

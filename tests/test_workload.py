@@ -55,3 +55,35 @@ def test_riding_on_the_short_workload(B, n):
     assert ride.output_tokens == wait.output_tokens == sum(r.max_tokens for r in reqs)
     assert ride.steps < wait.steps and ride.steps < ride.lockstep_steps
     assert ride.decode_occupancy >= 0.9 > wait.decode_occupancy
+
+
+def test_serve_bench_on_a_cpu_backend():
+    """perf/serve_bench.py end to end on the fake backend (the GPU's RuntimeBackend swapped out):
+    a row per B with the engine's counts, first tokens before last ones, and the table renders."""
+    from contextlib import contextmanager
+
+    from rich.console import Console
+
+    from qwen38gen.config import PRESETS
+    from qwen38gen.perf.serve_bench import serve_bench
+    from qwen38gen.report import serve_table
+
+    @contextmanager
+    def slots(cfg, B, pt, tensors, ctx):
+        yield FakeBackend(B, pt, vocab=cfg.vocab_size, ctx=ctx)
+
+    cfg, w = PRESETS["tiny"], workload("short")
+    rows = serve_bench(cfg, [2, 5], w, 16, n=40, ride=True, slots=slots)
+    want = sum(r.max_tokens for r in requests(w, cfg.vocab_size, 0, 40))
+    for r in rows:
+        assert (r.requests, r.output_tokens, r.schedule) == (40, want, "ride")
+        assert r.steps == r.prefill_steps + r.decode_steps and r.steps < r.lockstep_steps
+        assert r.prompt_rows == sum(len(q.prompt) for q in requests(w, cfg.vocab_size, 0, 40))
+        assert 0 < r.ttft_p50_ms <= r.ttft_p99_ms and 0 < r.tpot_p50_ms <= r.tpot_p99_ms
+        assert r.decode_occupancy > 0.8 and r.tok_s > 0
+    assert rows[1].steps < rows[0].steps
+    con = Console(width=250, record=True)
+    con.print(serve_table(cfg, w.describe(), rows))
+    out = con.export_text()
+    assert "serving tiny, short: 3000 requests" in out and "TTFT" in out
+    assert all(f"{r.steps} ({r.prefill_steps} / {r.decode_steps})" in out for r in rows)

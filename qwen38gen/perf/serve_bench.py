@@ -3,7 +3,9 @@
 carried, slot occupancy, and the steps lockstep batching would have taken for the same outputs.
 
 All requests are queued at once; the clock runs from the first step to the last token, the
-program built and the weights on the device before it (synthetic weights, made on the host as
+program built and the weights on the device before it. Time to first token counts from that
+start (so at a large queue it is mostly waiting for a slot); time per output token is a request's
+time from its first to its last token over the tokens after the first (synthetic weights, made on the host as
 `run` makes them). ``ride=False`` is the schedule in which decoding slots wait behind every prefill
 chunk (the engine before version 25), kept to measure against.
 """
@@ -11,12 +13,13 @@ chunk (the engine before version 25), kept to measure against.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from ..build import build
+import numpy as np
+
 from ..config import ModelConfig
 from ..lanes import Lanes
-from ..runtime import Runtime, cuda_driver
 from ..serve.backends import RuntimeBackend
 from ..serve.engine import Engine
 from ..serve.run import default_ctx
@@ -42,34 +45,78 @@ class ServeRow:
     decode_occupancy: float
     lockstep_steps: int
     ms_per_step: float
+    ttft_p50_ms: float       # time to first token, from the start (every request queued then)
+    ttft_p99_ms: float
+    tpot_p50_ms: float       # time per output token after the first, per request
+    tpot_p99_ms: float
+
+
+def ms_percentiles(a: np.ndarray) -> tuple[float, float]:
+    """(p50, p99) of seconds, in ms (nan where there are none)."""
+    if not a.size:
+        return float("nan"), float("nan")
+    return round(float(np.percentile(a, 50)) * 1e3, 3), round(float(np.percentile(a, 99)) * 1e3, 3)
+
+
+@contextmanager
+def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int):
+    """The emitted program's B slots on the GPU (RuntimeBackend), built and warmed up."""
+    from ..build import build
+    from ..runtime import Runtime
+
+    cubin, man = build(cfg, Lanes.make(B, pt=pt))
+    with Runtime(cubin, man, cfg, tensors, ctx) as rt:
+        yield RuntimeBackend(rt)
+        rt.stream.synchronize()
 
 
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
-                seed: int = 0, ride: bool = True, progress=lambda m: None) -> list[ServeRow]:
-    cuda_driver()
+                seed: int = 0, ride: bool = True, progress=lambda m: None,
+                slots=None) -> list[ServeRow]:
+    """The workload at each B; ``slots(cfg, B, pt, tensors, ctx)``: a context manager giving the
+    backend (default ``gpu_slots``; the tests pass a CPU one)."""
+    if slots is None:
+        from ..runtime import cuda_driver
+
+        cuda_driver()
+        slots = gpu_slots
     reqs = requests(w, cfg.vocab_size, seed, n)
-    ctx = default_ctx(reqs)
-    tensors = default_tensors(cfg)
+    warm = requests(w, cfg.vocab_size, seed + 1, 8)
+    ctx = max(default_ctx(reqs), default_ctx(warm))
+    tensors = default_tensors(cfg) if slots is gpu_slots else {}
     rows = []
     for B in batches:
         progress(f"serve {w.name} B={B}: build")
-        cubin, man = build(cfg, Lanes.make(B, pt=pt))
-        with Runtime(cubin, man, cfg, tensors, ctx) as rt:
+        with slots(cfg, B, pt, tensors, ctx) as be:
             # warm-up: the graphs of every phase captured and run once
-            Engine(RuntimeBackend(rt)).run(requests(w, cfg.vocab_size, seed + 1, min(2 * B, 8)))
-            eng = Engine(RuntimeBackend(rt))
+            Engine(be).run(warm[:min(2 * B, 8)])
+            eng = Engine(be)
             eng.sched.ride = ride
             progress(f"serve {w.name} B={B}: {len(reqs)} requests")
+            first, last = {}, {}
+
+            def on_step(done):   # the step ended when its tokens were read back (choose)
+                now = time.perf_counter()
+                for seq in eng.sched.running.values():
+                    if seq.out and seq.req.id not in first:
+                        first[seq.req.id] = now
+                for res in done:
+                    first.setdefault(res.id, now)
+                    last[res.id] = now
+
             t0 = time.perf_counter()
-            eng.run(reqs)
-            rt.stream.synchronize()
+            results = eng.run(reqs, on_step=on_step)
             sec = time.perf_counter() - t0
+        ttft = np.array([first[r.id] - t0 for r in results])
+        tpot = np.array([(last[r.id] - first[r.id]) / (len(r.token_ids) - 1)
+                         for r in results if len(r.token_ids) > 1])
         s = eng.stats
         rows.append(ServeRow(B, pt, "ride" if ride else "wait", s.requests, s.output_tokens,
                              round(sec, 3), round(s.output_tokens / sec, 1), s.steps,
                              s.prefill_steps, s.decode_steps, s.prompt_rows, s.busy_decode,
                              round(s.occupancy, 3), round(s.decode_occupancy, 3),
-                             s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3)))
+                             s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
+                             *ms_percentiles(ttft), *ms_percentiles(tpot)))
     return rows
 
 

@@ -325,14 +325,19 @@ class Engine:
         return done
 
     def run(self, requests: list[Request],
-            on_finish: Callable[[Result], None] | None = None) -> list[Result]:
+            on_finish: Callable[[Result], None] | None = None,
+            on_step: Callable[[list[Result]], None] | None = None) -> list[Result]:
         """Every request to completion; results in the order they finished (on_finish as each
-        finishes). Stats are in ``self.stats``."""
+        finishes; on_step after every step, with the requests it finished, while the running
+        sequences are still in ``self.sched.running``). Stats are in ``self.stats``."""
         for r in requests:
             self.add(r)
         results = []
         while self.sched.waiting or self.sched.running:
-            for res in self.step():
+            done = self.step()
+            if on_step is not None:
+                on_step(done)
+            for res in done:
                 results.append(res)
                 if on_finish is not None:
                     on_finish(res)
