@@ -765,7 +765,7 @@ def _int_list(s: str, what: str) -> list[int]:
               help="Also replay each B's trace variant once (every block's start, wait and end "
                    "on %globaltimer) and print where the step's time goes launch by launch.")
 @click.option("--serve", "serve", default=None, metavar="WORKLOAD",
-              help="Instead: a seeded synthetic workload (short, long: serve/workload.py) "
+              help="Instead: a seeded synthetic workload (short, long, realistic: serve/workload.py) "
                    "through run's engine on the GPU program at each B.")
 @click.option("--requests", "n_requests", type=int, default=None,
               help="With --serve: the workload's first N requests.")

@@ -30,7 +30,7 @@ def test_workload_is_seeded_and_as_stated(name):
 
 
 def test_bad_workload_and_count():
-    with pytest.raises(UserError, match="unknown workload 'x'; choose one of short, long"):
+    with pytest.raises(UserError, match="unknown workload 'x'; choose one of short, long, realistic"):
         workload("x")
     with pytest.raises(UserError, match=r"--requests 0 must be in 1\.\.3000"):
         requests(workload("short"), 10, n=0)

@@ -9,6 +9,8 @@ on every machine (numpy's PCG64).
 
 * ``short``: 3 000 requests, prompts of 1–100 tokens, 1–48 new tokens (Serving II's first table).
 * ``long``: 1 000 requests, prompts of 8–128 tokens, 32–256 new tokens (its second).
+* ``realistic``: 256 requests, prompts of 128–4 096 tokens, 64–1 024 new tokens (its item 4's
+  example, for the 27B).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Workload:
 WORKLOADS = {w.name: w for w in (
     Workload("short", 3000, (1, 100), (1, 48)),
     Workload("long", 1000, (8, 128), (32, 256)),
+    Workload("realistic", 256, (128, 4096), (64, 1024)),
 )}
 
 
