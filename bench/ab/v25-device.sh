@@ -17,6 +17,13 @@ serve() {  # DIR SCHEDULE TAG
       bench --model tiny --serve "$w" --batch 7,16,64 --schedule "$2" --json "$OUT/serve-$3-$w.json" 2>&1)
   done
 }
+if [ "${PART:-tiny}" = 27b ]; then   # the 27B through bench --serve (PART=27b, a call of its own)
+  export PYTHONPATH=/tmp/site:$ROOT QWEN38_CACHE=$ROOT/.cache/q38
+  { echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    timeout 500 python3 -m cli bench --model qwen3.8-27b --serve realistic --requests ${N27:-64} \
+      --batch 16,64 --json "$OUT/serve-27b-realistic.json" 2>&1; } | tee "$OUT/v25-27b.log"
+  exit 0
+fi
 {
   echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   export PYTHONPATH=/tmp/site:$ROOT QWEN38_CACHE=$ROOT/.cache/q38
