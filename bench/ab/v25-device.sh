@@ -30,8 +30,10 @@ fi
   if [ "${SKIP_TESTS:-0}" = 0 ]; then
   echo "==== pytest tests/gpu/test_engine.py tests/gpu/test_serve_lock.py"
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine.py tests/gpu/test_serve_lock.py 2>&1 | tail -6
-  echo "==== check --model tiny --batch 3"
-  timeout 120 python3 -m cli check --model tiny --batch 3 2>&1 | tail -8
+  for b in 1 3 64; do
+    echo "==== check --model tiny --batch $b"
+    timeout 120 python3 -m cli check --model tiny --batch $b 2>&1 | tail -4
+  done
   echo "==== compute-sanitizer memcheck scripts/one_step.py 3 refill"
   timeout 240 compute-sanitizer --tool memcheck python3 scripts/one_step.py 3 refill 2>&1 | tail -4
   fi
