@@ -38,5 +38,5 @@ fi
   timeout 240 compute-sanitizer --tool memcheck python3 scripts/one_step.py 3 refill 2>&1 | tail -4
   fi
   serve "$ROOT" ride after
-  serve "$ROOT/.ab/ride" both before
+  serve "$ROOT/.ab/ride" wait before
 } 2>&1 | tee "$LOG"
