@@ -34,9 +34,9 @@ fi
     echo "==== check --model tiny --batch $b"
     timeout 120 python3 -m cli check --model tiny --batch $b 2>&1 | tail -4
   done
-  echo "==== compute-sanitizer memcheck scripts/one_step.py 3 refill"
-  timeout 240 compute-sanitizer --tool memcheck python3 scripts/one_step.py 3 refill 2>&1 | tail -4
   fi
   serve "$ROOT" ride after
   serve "$ROOT/.ab/ride" wait before
+  echo "==== compute-sanitizer memcheck scripts/one_step.py 3 refill"
+  timeout 240 compute-sanitizer --tool memcheck python3 scripts/one_step.py 3 refill 2>&1 | tail -4
 } 2>&1 | tee "$LOG"
