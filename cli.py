@@ -767,16 +767,21 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--serve", "serve", default=None, metavar="WORKLOAD",
               help="Instead: a seeded synthetic workload (short, long, realistic: serve/workload.py) "
                    "through run's engine on the GPU program at each B.")
+@click.option("--prefill", "prefill", default=None, metavar="P,...",
+              help="Instead: time to first token for B prompts of P tokens arriving together, "
+                   "at each prefill chunk width of --pt (comma-separated), beside the flops and "
+                   "weight-pass floors.")
 @click.option("--requests", "n_requests", type=int, default=None,
               help="With --serve: the workload's first N requests.")
-@click.option("--pt", type=int, default=16, show_default=True,
-              help="With --serve: the prefill chunk width.")
+@click.option("--pt", "pts", default="16", show_default=True,
+              help="With --serve: the prefill chunk width; with --prefill: the widths to try, "
+                   "comma-separated.")
 @click.option("--schedule", type=click.Choice(["ride", "wait", "both"]), default="ride",
               show_default=True, help="With --serve: decoding slots ride in prefill chunks, wait "
                                       "behind them (the engine before version 25), or both.")
 @_tune_options
-def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serve, n_requests,
-          pt, schedule, tune, tune_file):
+def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serve, prefill,
+          n_requests, pts, schedule, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
@@ -791,8 +796,16 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
     if ctx < 1:
         raise UserError(f"--ctx {ctx} must be ≥ 1")
     tuning = _tuning(tune, tune_file)
+    pt = _int_list(pts, "--pt")
+    if serve and prefill:
+        raise UserError("--serve and --prefill are two benchmarks: give one")
     if serve:
-        _bench_serve(cfg, bs, serve, n_requests, pt, schedule, json_out)
+        if len(pt) != 1:
+            raise UserError(f"--pt {pts!r}: --serve runs one prefill chunk width")
+        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out)
+        return
+    if prefill:
+        _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning)
         return
     if mtp:
         _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning)
@@ -844,6 +857,30 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out):
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip()
         write_text(json_out, json.dumps(Sb.to_json(cfg, w, rows, dev), indent=1) + "\n",
+                   name="--json")
+
+
+def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
+    """`bench --prefill P,...`: time to first token (perf/prefill_bench.py)."""
+    import subprocess
+
+    from qwen38gen.lanes import Lanes
+    from qwen38gen.outputs import write_text
+    from qwen38gen.perf import prefill_bench as Pb
+
+    for pt in pts:
+        Lanes.make(max(bs), pt=pt)               # a bad --pt fails here, before the GPU
+    if max(prompts) + 1 > cfg.max_position_embeddings:
+        raise UserError(f"--prefill {max(prompts)}: {cfg.name!r} holds "
+                        f"{cfg.max_position_embeddings} positions; give shorter prompts")
+    with err.status("bench --prefill") as st:
+        bw, rows = Pb.prefill_bench(cfg, bs, prompts, pts, progress=lambda m: st.update(m),
+                                    tuning=tuning)
+    out.print(R.prefill_table(cfg, bw, Pb.TENSOR_PEAK, rows))
+    if json_out:
+        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+        write_text(json_out, json.dumps(Pb.to_json(cfg, bw, rows, dev), indent=1) + "\n",
                    name="--json")
 
 

@@ -245,6 +245,21 @@ def bench_mtp_table(cfg, ctx: int, k: int, rows, alphas) -> Table:
     return t
 
 
+def prefill_table(cfg, bw: float, peak: float, rows) -> Table:
+    """`bench --prefill`: time to first token per (prompt, B, pt), beside its two floors."""
+    t = Table(title=f"{cfg.name}: time to first token, B prompts arriving together (copy "
+                    f"{bw / 1e12:.2f} TB/s, tensor peak {peak / 1e12:.0f} TFLOP/s nominal)")
+    for c in ("prompt", "B", "pt", "chunks", "TTFT ms", "prompt tok/s", "TFLOP/s",
+              "flops floor ms", "weight-pass floor ms", "× floor"):
+        t.add_column(c, justify="right")
+    for r in sorted(rows, key=lambda r: (r.prompt, r.batch, r.pt)):
+        floor = max(r.floor_flops_ms, r.floor_bytes_ms)
+        t.add_row(str(r.prompt), str(r.batch), str(r.pt), str(r.chunks), f"{r.ttft_ms:,.1f}",
+                  f"{r.tok_s:,.0f}", f"{r.tflops:.0f}", f"{r.floor_flops_ms:,.1f}",
+                  f"{r.floor_bytes_ms:,.1f}", f"{r.ttft_ms / floor:.2f}")
+    return t
+
+
 def peers_table(pr: dict, batches, rows, peers, short) -> Table:
     """`bench --peers`: torch's kernels over the step's linear layers beside our whole step."""
     ours = {r.batch: r.step_ms for r in rows}

@@ -115,3 +115,21 @@ def test_a_row_is_the_same_in_a_chunk_and_in_a_decode_step():
     assert np.array_equal(chunked, decoded[-1]), "a 12-token prompt's last row != decoded"
     for name, a, b, c in zip(("rec", "conv"), st_a, st_b, st_c):
         assert np.array_equal(a, b) and np.array_equal(b, c), f"{name} differs"
+
+
+def test_ttft_pass_gives_the_first_tokens_of_generate():
+    """bench --prefill's timed pass (prefill_bench.ttft_once: the B prompts in chunks, no decode)
+    leaves in ``next`` the first token Runtime.generate gives each prompt, so what it times is the
+    work that makes the first token."""
+    from qwen38gen.perf.prefill_bench import ttft_once
+
+    cfg = PRESETS["tiny"]
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (21, 5, 16)]
+    cubin, man = build(cfg, Lanes.make(3, pt=PT))
+    with Runtime(cubin, man, cfg, default_tensors(cfg), 64) as rt:
+        want = [r["tokens"][0] for r in rt.generate(prompts, 1, topk=False)]
+        rt.put("next", np.full(3, -1, np.int32))       # poisoned before the timed pass
+        assert ttft_once(rt, prompts) > 0
+        got = rt.get("next")[:3].tolist()
+    assert got == want

@@ -1,0 +1,122 @@
+"""`qwen38gen bench --prefill P,...`: time to first token for B prompts of P tokens each, all
+arriving together, at each prefill chunk width pt (docs/PERFORMANCE.md).
+
+Per (pt, B): emit and build the program, make the int4 weights on the GPU (DeviceFill, as `bench`
+does), then per prompt length P: zero the state, feed the B prompts in chunks of pt tokens per
+sequence (each chunk a graph replay of the packed schedule, the tokens uploaded between chunks as
+`run` uploads them) and read the first token. The clock runs from before the first chunk's upload
+to the first token on the host: what a user waits for once the program is loaded. One untimed
+chunk first captures the graphs; the median of ``reps`` timed passes is reported.
+
+Beside it, two floors for the same work (neither counts the other): every chunk reads the int4
+weights once (``chunks · W / copy bandwidth``), and every prompt token costs the linear layers'
+``2 · params`` flops plus causal attention's, at the tensor cores' nominal dense bf16 rate
+(``TENSOR_PEAK``: the program dequantizes int4 into bf16 MMAs).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..build import build
+from ..config import ModelConfig
+from ..inputs import put_chunk
+from ..lanes import Lanes
+from ..runtime import DeviceFill, Runtime, cuda_driver
+from ..tuning import Tuning
+from .bench import copy_bandwidth
+
+__all__ = ["TENSOR_PEAK", "PrefillRow", "prefill_flops", "prefill_floor", "prefill_bench",
+           "to_json"]
+
+TENSOR_PEAK = 989e12   # H100 / H200 SXM, dense bf16 (nominal, not measured)
+
+
+@dataclass
+class PrefillRow:
+    batch: int
+    pt: int
+    prompt: int
+    chunks: int
+    ttft_ms: float
+    ttft_ms_spread: tuple[float, float]   # (min, max) of the timed passes
+    tok_s: float                          # prompt tokens of all B sequences per second
+    floor_bytes_ms: float                 # chunks · W / copy bandwidth
+    floor_flops_ms: float                 # flops / TENSOR_PEAK
+    tflops: float                         # flops / ttft
+
+
+def prefill_flops(cfg: ModelConfig, batch: int, prompt: int) -> float:
+    """Flops of prefilling B prompts of P tokens: 2 · linear params per token (lm_head counted
+    once per sequence: only the last row is projected) and causal attention (QKᵀ and PV over the
+    positions up to each token: 4 · heads · head_dim · (P + 1) / 2 per token and layer)."""
+    lm = cfg.vocab_size * cfg.hidden_size
+    linear = 2.0 * ((cfg.linear_params - lm) * prompt + lm)
+    attn = (4.0 * cfg.num_attention_heads * cfg.head_dim * len(cfg.full_layers)
+            * prompt * (prompt + 1) / 2)
+    return batch * (linear + attn)
+
+
+def prefill_floor(cfg: ModelConfig, batch: int, prompt: int, pt: int,
+                  bandwidth: float) -> tuple[float, float, int]:
+    """(bytes floor s, flops floor s, chunks) of one prefill pass."""
+    chunks = -(-prompt // pt)
+    return (chunks * cfg.int4_weight_bytes() / bandwidth,
+            prefill_flops(cfg, batch, prompt) / TENSOR_PEAK, chunks)
+
+
+def ttft_once(rt: Runtime, prompts: list[list[int]]) -> float:
+    """Seconds from the first chunk's upload to the first token of every sequence on the host."""
+    pt, sched = rt.pt, rt.manifest["schedule"]
+    rt.reset()
+    rt.stream.synchronize()
+    t0 = time.perf_counter()
+    for c in range(-(-max(len(p) for p in prompts) // pt)):
+        rt.run_phase(put_chunk(rt.put, sched, [p[c * pt:(c + 1) * pt] for p in prompts]))
+    rt.get("next")          # synchronizes: the first tokens are on the host
+    return time.perf_counter() - t0
+
+
+def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts: list[int],
+                  reps: int = 3, progress=None,
+                  tuning: Tuning = Tuning()) -> tuple[float, list[PrefillRow]]:
+    drv = cuda_driver()
+    ctx0 = drv.Device(0).make_context()
+    try:
+        bw = copy_bandwidth(drv)
+    finally:
+        ctx0.pop()
+    rng = np.random.default_rng(0)
+    rows = []
+    for pt in pts:
+        for B in batches:
+            lanes = Lanes.make(B, pt=pt, tuning=tuning)
+            if progress:
+                progress(f"pt={pt} B={B}: emit + nvcc")
+            cubin, man = build(cfg, lanes)
+            if progress:
+                progress(f"pt={pt} B={B}: weights on the GPU")
+            with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=max(prompts) + 1) as rt:
+                for P in prompts:
+                    seqs = [rng.integers(0, cfg.vocab_size, P).tolist() for _ in range(B)]
+                    ttft_once(rt, [s[:pt] for s in seqs])          # captures the graphs
+                    if progress:
+                        progress(f"pt={pt} B={B}: {reps} prefills of {P} tokens")
+                    t = [ttft_once(rt, seqs) for _ in range(reps)]
+                    fb, ff, chunks = prefill_floor(cfg, B, P, pt, bw)
+                    s = statistics.median(t)
+                    rows.append(PrefillRow(
+                        batch=B, pt=pt, prompt=P, chunks=chunks, ttft_ms=s * 1e3,
+                        ttft_ms_spread=(min(t) * 1e3, max(t) * 1e3), tok_s=B * P / s,
+                        floor_bytes_ms=fb * 1e3, floor_flops_ms=ff * 1e3,
+                        tflops=prefill_flops(cfg, B, P) / s / 1e12))
+    return bw, rows
+
+
+def to_json(cfg: ModelConfig, bw: float, rows: list[PrefillRow], device: str) -> dict:
+    return {"model": cfg.name, "kind": "prefill", "copy_bandwidth": bw,
+            "tensor_peak": TENSOR_PEAK, "device": device, "rows": [asdict(r) for r in rows]}
