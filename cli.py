@@ -447,9 +447,12 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
 
     One JSON line per request as it finishes (stdout or --output; with "text" when the model
     folder has a tokenizer), a progress bar and the throughput on stderr."""
+    import time
+
     from qwen38gen import outputs as O
     from qwen38gen.serve import run as S
 
+    t_cmd = time.perf_counter()     # the cold start counts from here
     O.check_outputs({"--output": output, "--json": json_out},
                     {"--prompts": prompts_file, "--tune-file": lane_kw.get("tune_file"),
                      "--weights": weights_dir, "--model": _model_path(model)})
@@ -472,7 +475,8 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     try:
         if summary_out is not None:
             summary_out.open()
-        _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out)
+        _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out,
+                    t_cmd)
     finally:
         sink.discard()
         if summary_out is not None:
@@ -484,7 +488,7 @@ def _model_path(model):
     return model if model is not None and os.path.exists(model) else None
 
 
-def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out):
+def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, summary_out, t_cmd):
     """run's work once its outputs are open: build the backend, run, commit the outputs."""
     import time
 
@@ -492,7 +496,12 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
 
     from qwen38gen.serve import run as S
 
-    tensors = S.float_tensors(cfg, weights_dir, seed, mtp=bool(lanes.mtp))
+    tensors = S.backend_tensors(cfg, weights_dir, seed, bool(lanes.mtp), backend)
+    cold = {"weights": ("made on the GPU from the seed" if not isinstance(tensors, dict) else
+                        "synthetic, made on the host" if weights_dir is None else
+                        f"read from {weights_dir}"),
+            "where": "GPU" if backend == "gpu" else "host",
+            "weights_s": round(time.perf_counter() - t_cmd, 3)}
     if backend == "reference":
         from contextlib import nullcontext
 
@@ -507,6 +516,7 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
+        cold["ready_s"] = round(time.perf_counter() - t_cmd, 3)
         eng = S.make_engine(be, S.eos_ids(cfg, tok))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[toks]} tokens"), console=err,
@@ -517,11 +527,17 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
                 sink.write(S.record(res, tok))
                 prog.update(task, advance=1, toks=eng.stats.output_tokens)
 
+            def first_token(_done):
+                if "first_token_s" not in cold and eng.stats.output_tokens:
+                    cold["first_token_s"] = round(time.perf_counter() - t_cmd, 3)
+
             t0 = time.perf_counter()
-            eng.run(reqs, on_finish=done)   # checks every request before the first step
+            # checks every request before the first step
+            eng.run(reqs, on_finish=done, on_step=first_token)
             seconds = time.perf_counter() - t0
     sink.commit()
-    d = S.summary(eng.stats, seconds, cfg, backend, lanes.name)
+    d = S.summary(eng.stats, seconds, cfg, backend, lanes.name, cold)
+    err.print(S.cold_start_line(cold), markup=False)
     err.print(S.summary_line(d), markup=False)
     if summary_out is not None:
         summary_out.write(json.dumps(d, indent=1) + "\n")

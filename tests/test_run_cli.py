@@ -67,6 +67,29 @@ def test_batch_2_gives_the_ids_of_batch_1(tmp_path):
     assert sum(got[1][f"greedy-{i}"] != got[1][f"sampled-{i}"] for i in range(5)) >= 3
 
 
+def test_cold_start_is_reported(tmp_path):
+    """The summary's cold_start: the weights, the backend ready and the first token, in that
+    order, counted from the command's start, and the stderr line saying it."""
+    reqs = write_requests(tmp_path / "R.jsonl", [{"prompt_ids": [1, 2, 3], "max_tokens": 2}])
+    rc, out, err = run("--prompts", reqs, "--json", str(tmp_path / "s.json"))
+    assert rc == 0, err
+    c = json.loads((tmp_path / "s.json").read_text())["cold_start"]
+    assert 0 < c["weights_s"] <= c["ready_s"] <= c["first_token_s"]
+    assert c["weights"] == "synthetic, made on the host" and c["where"] == "host"
+    assert f"Cold start: first token {c['first_token_s']:.2f} s after the command" in err
+
+
+def test_big_synthetic_weights_are_made_on_the_gpu():
+    """Only the gpu backend of a model over 1 GB of int4 without --weights takes DeviceFill."""
+    from qwen38gen.config import PRESETS, load_config
+    from qwen38gen.runtime import DeviceFill
+    from qwen38gen.serve.run import backend_tensors
+
+    big = load_config("qwen3.8-27b")
+    assert backend_tensors(big, None, 5, False, "gpu") == DeviceFill(seed=5)
+    assert isinstance(backend_tensors(PRESETS["tiny"], None, 5, False, "gpu"), dict)
+
+
 def test_streams_to_stdout(tmp_path):
     reqs = write_requests(tmp_path / "R.jsonl", [
         {"prompt_ids": [1, 2, 3], "max_tokens": 2},

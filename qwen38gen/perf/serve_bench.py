@@ -5,8 +5,8 @@ carried, slot occupancy, and the steps lockstep batching would have taken for th
 All requests are queued at once; the clock runs from the first step to the last token, the
 program built and the weights on the device before it. Time to first token counts from that
 start (so at a large queue it is mostly waiting for a slot); time per output token is a request's
-time from its first to its last token over the tokens after the first (synthetic weights, made on the host as
-`run` makes them). ``ride=False`` is the schedule in which decoding slots wait behind every prefill
+time from its first to its last token over the tokens after the first (synthetic weights as
+`run` makes them: on the host, or on the GPU above 1 GB of int4). ``ride=False`` is the schedule in which decoding slots wait behind every prefill
 chunk (the engine before version 25), kept to measure against.
 """
 
@@ -24,7 +24,6 @@ from ..serve.backends import RuntimeBackend
 from ..serve.engine import Engine
 from ..serve.run import default_ctx
 from ..serve.workload import Workload, requests
-from ..weights import default_tensors
 
 
 @dataclass
@@ -62,11 +61,9 @@ def gpu_weights(cfg: ModelConfig):
     """Synthetic weights: made on the host (``default_tensors``, as `run` makes them) where they
     are small, made on the device (``DeviceFill``, as `bench` does) above 1 GB of int4, where the
     host would take minutes (Serving II item 3). The step's time does not depend on the values."""
-    if cfg.int4_weight_bytes() > 1e9:
-        from ..runtime import DeviceFill
+    from ..serve.run import backend_tensors
 
-        return DeviceFill(seed=0)
-    return default_tensors(cfg)
+    return backend_tensors(cfg, None, 0, False, "gpu")
 
 
 @contextmanager

@@ -15,7 +15,10 @@ from .engine import Result, Stats, check_request
 
 BACKENDS = ("gpu", "emu", "reference")
 FORMAT = "qwen38gen-run"
-VERSION = 3   # 3: prompt_rows, decode_rows; decode_occupancy counts waiting decoders
+VERSION = 4   # 3: prompt_rows, decode_rows; decode_occupancy counts waiting decoders; 4: cold_start
+# Above this many bytes of int4, synthetic weights for the GPU are made on the GPU (DeviceFill,
+# kernels/fill.cuh, as `bench` does): the host's float tensors of the 27B take minutes.
+DEVICE_FILL_BYTES = 1e9
 
 
 def eos_ids(cfg: ModelConfig, tokenizer) -> tuple[int, ...]:
@@ -66,6 +69,23 @@ def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int,
     if (Path(weights_dir) / QUANT_JSON).exists():
         return load_quantized(weights_dir, cfg)
     return load_any(weights_dir, cfg)
+
+
+def synthetic_on_device(cfg: ModelConfig) -> bool:
+    """Whether the gpu backend makes this model's synthetic weights on the GPU."""
+    return cfg.int4_weight_bytes() > DEVICE_FILL_BYTES
+
+
+def backend_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int, mtp: bool,
+                    backend: str):
+    """The weights a backend starts from: ``float_tensors``, except that a model's synthetic
+    weights above ``DEVICE_FILL_BYTES`` of int4 are made on the GPU from the seed for the gpu
+    backend (other values than the host's synthetic tensors: README, limitations)."""
+    if backend == "gpu" and weights_dir is None and synthetic_on_device(cfg):
+        from ..runtime import DeviceFill
+
+        return DeviceFill(seed=seed)
+    return float_tensors(cfg, weights_dir, seed, mtp=mtp)
 
 
 def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, ctx: int):
@@ -138,15 +158,25 @@ def record(res: Result, tokenizer) -> dict:
     return d
 
 
-def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: str) -> dict:
-    """The run's figures (`--json`, and the closing line)."""
+def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: str,
+            cold_start: dict | None = None) -> dict:
+    """The run's figures (`--json`, and the closing line). ``cold_start``: seconds from the
+    command's start to the weights on the host (``weights_s``), to the backend ready (program
+    built, weights on the device: ``ready_s``) and to the first token chosen (``first_token_s``),
+    and where the weights came from (``weights``)."""
     s = max(seconds, 1e-9)
     return {"format": FORMAT + "-summary", "version": VERSION, "model": cfg.name,
             "config_hash": cfg.hash, "backend": backend, "lane": lane,
             "seconds": round(seconds, 4),
             "requests_per_s": round(stats.requests / s, 4),
             "output_tokens_per_s": round(stats.output_tokens / s, 4),
-            **stats.as_dict()}
+            **stats.as_dict(), "cold_start": cold_start}
+
+
+def cold_start_line(c: dict) -> str:
+    return (f"Cold start: first token {c['first_token_s']:.2f} s after the command (weights "
+            f"{c['weights']}: {c['weights_s']:.2f} s; program and weights on the "
+            f"{c['where']}: {c['ready_s']:.2f} s)")
 
 
 def summary_line(d: dict) -> str:
