@@ -45,3 +45,22 @@ def test_table_names_the_worse_floor():
     con.print(prefill_table(cfg, 3.0e12, TENSOR_PEAK, [r]))
     text = con.export_text()
     assert "3.00" in text and "30.0" in text   # × the larger floor (10 ms): 3.00
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--prefill", "1024", "--pt", "16,0"], r"--pt '16,0' needs positive integers"),
+    (["--prefill", "1024", "--pt", "200"], r"lane pt=200 is not supported; supported pt: 1\.\.128"),
+    (["--prefill", "1024,x"], r"--prefill '1024,x' is not a comma-separated list of integers"),
+    (["--prefill", "300000"], r"--prefill 300000: 'qwen3.8-27b' holds \d+ positions"),
+    (["--prefill", "64", "--serve", "short"], r"--serve and --prefill are two benchmarks"),
+    (["--serve", "short", "--pt", "16,64"], r"--serve runs one prefill chunk width"),
+])
+def test_bad_prefill_options(args, pattern):
+    """Bad options fail before any GPU work, as one-line errors."""
+    from tests.test_cli import assert_user_error
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "cli", "bench", *args], capture_output=True,
+                       text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert_user_error(p.returncode, p.stdout, p.stderr, pattern)
