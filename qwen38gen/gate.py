@@ -63,6 +63,9 @@ class KernelResources:
             p.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
         if self.stack:
             p.append(f"{self.stack} B local-memory stack frame")
+        if self.smem + self.dyn_smem > a.smem_per_block:
+            p.append(f"{self.smem + self.dyn_smem} B of shared memory per block > the "
+                     f"{a.smem_per_block} B a block of {a.name} may have")
         if self.serialized:
             p.append(f"wgmma instructions serialized by ptxas ({self.serialized})")
         if self.threads and self.registers * self.threads > a.regs_per_sm:

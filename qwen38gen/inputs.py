@@ -32,16 +32,17 @@ def packed_chunk(chunks: list[list[int]], pt: int) -> dict[str, np.ndarray]:
     another (row0 the prefix sums of ntok); rowseq[r] is the sequence of row r, −1 past the
     last. tokens and rowseq have B·pt entries (0 and −1 past the rows)."""
     B = len(chunks)
-    ntok = np.array([len(c) for c in chunks], np.int32)
+    ntok = np.fromiter((len(c) for c in chunks), np.int32, B)
     if ntok.size and ntok.max() > pt:
         raise ValueError(f"a prefill chunk holds at most {pt} tokens per sequence")
-    row0 = np.concatenate([[0], np.cumsum(ntok)[:-1]]).astype(np.int32) if B else ntok
+    row0 = np.zeros(B, np.int32)
+    np.cumsum(ntok[:-1], out=row0[1:])
     R = int(ntok.sum())
     tokens = np.zeros(B * pt, np.int32)
     rowseq = np.full(B * pt, -1, np.int32)
-    for b, c in enumerate(chunks):
-        tokens[row0[b]:row0[b] + len(c)] = c
-        rowseq[row0[b]:row0[b] + len(c)] = b
+    if R:
+        tokens[:R] = [t for c in chunks for t in c]
+        rowseq[:R] = np.repeat(np.arange(B, dtype=np.int32), ntok)
     return {"tokens": tokens, "ntok": ntok, "row0": row0, "rowseq": rowseq, "rows": R}
 
 

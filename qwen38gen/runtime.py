@@ -332,14 +332,13 @@ class Runtime:
                 continue
             g, shape, dt = self.bufs[name]
             if name in ("pos", "slot"):                      # [B]
-                spans = [(b * dt.itemsize, dt.itemsize)]
-            elif name in ("conv", "rec"):                    # [layers, B, ...]
-                per = int(np.prod(shape[2:])) * dt.itemsize
-                spans = [((layer * self.B + b) * per, per) for layer in range(shape[0])]
+                self.drv.memset_d8_async(int(g) + b * dt.itemsize, 0, dt.itemsize, self.stream)
+            elif name in ("conv", "rec"):                    # [layers, B, ...]: one 2D memset,
+                per = int(np.prod(shape[2:])) * dt.itemsize  # a row per layer
+                self.drv.memset_d2d8_async(int(g) + b * per, self.B * per, 0, per, shape[0],
+                                           self.stream)
             else:
                 raise ValueError(f"reset_slot does not know the state buffer {name!r}")
-            for off, n in spans:
-                self.drv.memset_d8_async(int(g) + off, 0, n, self.stream)
 
     # ----------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[int]], steps: int, topk: bool = True,

@@ -37,6 +37,12 @@ class HostMem:
         assert off + n <= self.blocks[base].size
         self.blocks[base][off:off + n] = value
 
+    def memset_d2d8_async(self, ptr, pitch, value, width, height, stream):
+        """cuMemsetD2D8: height rows of width bytes, pitch bytes apart."""
+        assert width <= pitch or height == 1
+        for r in range(height):
+            self.memset_d8_async(ptr + r * pitch, value, width, stream)
+
 
 def fake_runtime(B, pt=16, tmax=32, mtp=0):
     cfg = PRESETS["tiny"]
@@ -121,15 +127,26 @@ def test_runtime_backend_sampling():
     sp = SamplingParams(temperature=0.8, top_k=5, top_p=0.5, min_p=0.1, seed=(7 << 32) + 3)
     be.set_sampling(1, sp)
     fpar, upar, _ = pack_params([SamplingParams(), sp, SamplingParams()], [0, 0, 0])
-    assert rec.log == [("put", "samp_fpar", fpar.tolist()),
-                       ("put", "samp_upar", upar.view(np.int32).tolist())]
+    assert rec.log == []                    # packed on the host; uploaded when a sample needs it
     assert upar[1].tolist() == [5, 1 << 23, 3, 7]
-    rec.log.clear()
     assert be.choose({0: 4, 2: 9}) == {0: 10, 2: 12}      # greedy slots: the step's argmax
     assert rec.log == [("get", "next")]
     rec.log.clear()
     assert be.choose({1: 6, 2: 9}) == {1: 11, 2: 12}      # a sampling slot: the sample phase
+    assert rec.log == [("put", "samp_fpar", fpar.tolist()),
+                       ("put", "samp_upar", upar.view(np.int32).tolist()),
+                       ("run", "sample"), ("get", "next")]
+    rec.log.clear()
+    assert be.choose({1: 7}) == {1: 11}   # nothing changed since: no upload
     assert rec.log == [("run", "sample"), ("get", "next")]
+    rec.log.clear()
+    be.set_sampling(0, sp)                 # a refill: the rows go up again before the next sample
+    be.set_sampling(2, SamplingParams())
+    fpar, upar, _ = pack_params([sp, sp, SamplingParams()], [0, 0, 0])
+    assert be.choose({0: 3}) == {0: 10}
+    assert rec.log == [("put", "samp_fpar", fpar.tolist()),
+                       ("put", "samp_upar", upar.view(np.int32).tolist()),
+                       ("run", "sample"), ("get", "next")]
     rec.log.clear()
     assert be.choose({}) == {} and rec.log == []
 

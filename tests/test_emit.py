@@ -630,6 +630,16 @@ def test_attention_tuning():
         attn("attn_st=4")
 
 
+def test_a_chunk_wider_than_the_gdn_shared_memory_is_refused():
+    """The GDN stages a chunk's pt tokens in shared memory: at the 27B's geometry pt 128 needs
+    355 328 bytes a block, more than sm_90a allows; emit names the widest pt that fits."""
+    with pytest.raises(UserError, match=re.escape(
+            "pt 128: the GDN kernel then stages 355328 bytes of shared memory per block for model "
+            "'qwen3.8-27b', more than the 232448 a block of sm_90a may have; use pt ≤ 80")):
+        emit_program(PRESETS["qwen3.8-27b"], Lanes.make(1, pt=128))
+    emit_program(PRESETS["qwen3.8-27b"], Lanes.make(1, pt=80))
+
+
 def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
     """The 27B's split down and out launches at 24- and 32-row tiles (one wave of 640 blocks at
     five blocks per SM, version 20) carry resident 5 in the manifest for the gate to check; the

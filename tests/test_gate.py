@@ -182,6 +182,16 @@ def test_resident_blocks_per_sm():
     assert not k.problems()
 
 
+def test_more_shared_memory_than_a_block_may_have_fails():
+    """A launch over the opt-in maximum fails on the device when its function attribute is set
+    (CUresult 1, found by bench --prefill at pt 128 on the 27B): the gate fails it first."""
+    k = G.KernelResources("q38_gdn_pt128", registers=64, smem=0, threads=256, dyn_smem=355328)
+    assert k.problems() == ["355328 B of shared memory per block > the 232448 B a block of "
+                            "sm_90 may have"]
+    k.dyn_smem = 232448
+    assert not k.problems()
+
+
 RESIDENT = """
 extern "C" __global__ void __launch_bounds__(1024) wide(float* y) { y[threadIdx.x] = 1.f; }
 """

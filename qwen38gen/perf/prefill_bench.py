@@ -72,16 +72,23 @@ def prefill_floor(cfg: ModelConfig, batch: int, prompt: int, pt: int,
             prefill_flops(cfg, batch, prompt) / TENSOR_PEAK, chunks)
 
 
-def ttft_once(rt: Runtime, prompts: list[list[int]]) -> float:
-    """Seconds from the first chunk's upload to the first token of every sequence on the host."""
+def ttft_once(rt: Runtime, prompts: list[list[int]]) -> tuple[float, list[int]]:
+    """Seconds from the first chunk's upload to the first token of every sequence on the host,
+    and those tokens (each read after its prompt's last chunk, as `run` reads them)."""
     pt, sched = rt.pt, rt.manifest["schedule"]
+    ends = [-(-len(p) // pt) for p in prompts]
+    first = [0] * len(prompts)
     rt.reset()
     rt.stream.synchronize()
     t0 = time.perf_counter()
-    for c in range(-(-max(len(p) for p in prompts) // pt)):
+    for c in range(max(ends)):
         rt.run_phase(put_chunk(rt.put, sched, [p[c * pt:(c + 1) * pt] for p in prompts]))
-    rt.get("next")          # synchronizes: the first tokens are on the host
-    return time.perf_counter() - t0
+        if c + 1 in ends:
+            nxt = rt.get("next")    # synchronizes: these first tokens are on the host
+            for b, e in enumerate(ends):
+                if e == c + 1:
+                    first[b] = int(nxt[b])
+    return time.perf_counter() - t0, first
 
 
 def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts: list[int],
@@ -109,9 +116,9 @@ def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts:
                     ttft_once(rt, [s[:pt] for s in seqs])          # captures the graphs
                     if progress:
                         progress(f"pt={pt} B={B}: {reps} prefills of {P} tokens")
-                    t = [ttft_once(rt, seqs)]
+                    t = [ttft_once(rt, seqs)[0]]
                     while len(t) < reps and sum(t) < LONG_S:    # a long pass is timed once
-                        t.append(ttft_once(rt, seqs))
+                        t.append(ttft_once(rt, seqs)[0])
                     fb, ff, chunks = prefill_floor(cfg, B, P, pt, bw)
                     s = statistics.median(t)
                     rows.append(PrefillRow(

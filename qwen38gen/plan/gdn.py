@@ -4,6 +4,8 @@ of one linear-attention layer per launch, its launch shape (a mirror of GdnLaunc
 
 from __future__ import annotations
 
+from ..errors import UserError
+
 from ..config import ModelConfig
 from ..tuning import Tuning
 from . import table
@@ -67,6 +69,12 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
     L = gdn_launch(cfg, pt, rs)
+    if L["smem"] > arch.smem_per_block:
+        top = max((p for p in range(1, pt) if gdn_launch(cfg, p, rs)["smem"] <= arch.smem_per_block),
+                  default=0)
+        raise UserError(f"pt {pt}: the GDN kernel then stages {L['smem']} bytes of shared memory "
+                        f"per block for model {cfg.name!r}, more than the {arch.smem_per_block} a "
+                        f"block of {arch.name} may have; use pt ≤ {top}")
     targs = f"{dk}, {dv}, {hk}, {hv}, {k}, {pt}, {GDN_NS}"
     params = ((BF, "mz"), ("int", "ld_mz"), (BF, "ba"), ("int", "ld_ba"), ("int", "ba_off"),
               (BF, "conv_w"), ("const float*", "A_log"), (BF, "dt_bias"),

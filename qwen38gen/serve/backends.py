@@ -2,15 +2,15 @@
 through the PyCUDA runtime.
 
 ``ReferenceBackend`` is exact per slot (the reference computes each sequence alone), so it is the
-CPU lock of the engine's scheduling. ``RuntimeBackend`` drives a ``runtime.Runtime``; it is
-written from the runtime's code and has not run on a GPU yet (tests/gpu/test_engine.py
-runs it there): prefill chunks and decode steps are the program's own phases with per-slot ``ntok`` (0 =
-the slot idles: no state is written and its position does not move), and a slot's reset zeroes
+CPU lock of the engine's scheduling. ``RuntimeBackend`` drives a ``runtime.Runtime``
+(tests/gpu/test_engine.py runs it on the GPU): prefill chunks and decode steps are the program's
+own phases with per-slot ``ntok`` (0 = the slot idles: no state is written and its position does
+not move), and a slot's reset zeroes
 its recurrent state, conv ring and position (``Runtime.reset_slot``). It chooses tokens on the
 device (``samples``): ``next`` [B] as the step's argmax wrote it, or as the program's sample phase
 (kernels/sampling.cuh) rewrites it where some choosing slot samples, over per-slot parameters
-uploaded when a slot takes a request; no B x V logits come to the host. That path is unverified
-on a GPU too (tests/gpu/test_engine.py covers it).
+packed when a slot takes a request and uploaded before the next sample phase that needs them;
+no B x V logits come to the host (tests/gpu/test_engine.py covers it on the GPU).
 """
 
 from __future__ import annotations
@@ -89,11 +89,15 @@ class ProgramSlots:
         """Where the program's positions can be read: each must be the chosen token's."""
 
     def set_sampling(self, slot: int, params: SamplingParams) -> None:
-        """The sampling parameters of the request slot took, into the program's buffers."""
+        """The sampling parameters of the request slot took: packed into the slot's row of the
+        host's copy of the program's parameter buffers, uploaded (all rows at once) before the
+        next sample phase that needs them."""
+        if getattr(self, "_fpar", None) is None:
+            self._fpar, self._upar, _ = pack_params(self.params, [0] * self.slots)
         self.params[slot] = params
-        fpar, upar, _ = pack_params(self.params, [0] * self.slots)
-        self._put("samp_fpar", fpar)
-        self._put("samp_upar", upar.view(np.int32))
+        f, u, _ = pack_params([params], [0])
+        self._fpar[slot], self._upar[slot] = f[0], u[0]
+        self._stale = True
 
     def choose(self, positions: dict[int, int]) -> dict[int, int]:
         """The chosen tokens of these slots; the sample phase's counter is the slot's position
@@ -102,6 +106,10 @@ class ProgramSlots:
             return {}
         self._check_positions(positions)
         if any(not self.params[b].greedy for b in positions):
+            if getattr(self, "_stale", False):
+                self._put("samp_fpar", self._fpar)
+                self._put("samp_upar", self._upar.view(np.int32))
+                self._stale = False
             self._run("sample")
         nxt = self._next()
         return {b: int(nxt[b]) for b in positions}

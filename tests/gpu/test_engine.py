@@ -119,8 +119,8 @@ def test_a_row_is_the_same_in_a_chunk_and_in_a_decode_step():
 
 def test_ttft_pass_gives_the_first_tokens_of_generate():
     """bench --prefill's timed pass (prefill_bench.ttft_once: the B prompts in chunks, no decode)
-    leaves in ``next`` the first token Runtime.generate gives each prompt, so what it times is the
-    work that makes the first token."""
+    reads the first token Runtime.generate gives each prompt, prompts of different lengths
+    included, so what it times is the work that makes the first token."""
     from qwen38gen.perf.prefill_bench import ttft_once
 
     cfg = PRESETS["tiny"]
@@ -130,6 +130,5 @@ def test_ttft_pass_gives_the_first_tokens_of_generate():
     with Runtime(cubin, man, cfg, default_tensors(cfg), 64) as rt:
         want = [r["tokens"][0] for r in rt.generate(prompts, 1, topk=False)]
         rt.put("next", np.full(3, -1, np.int32))       # poisoned before the timed pass
-        assert ttft_once(rt, prompts) > 0
-        got = rt.get("next")[:3].tolist()
-    assert got == want
+        seconds, got = ttft_once(rt, prompts)
+    assert seconds > 0 and got == want
