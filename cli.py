@@ -789,6 +789,9 @@ def _int_list(s: str, what: str) -> list[int]:
                    "weight-pass floors.")
 @click.option("--requests", "n_requests", type=int, default=None,
               help="With --serve: the workload's first N requests.")
+@click.option("--rate", type=float, default=0.0, show_default=True,
+              help="With --serve: requests arrive as a Poisson process of this many per second "
+                   "(0: all queued at once).")
 @click.option("--pt", "pts", default="16", show_default=True,
               help="With --serve: the prefill chunk width; with --prefill: the widths to try, "
                    "comma-separated.")
@@ -797,7 +800,7 @@ def _int_list(s: str, what: str) -> list[int]:
                                       "behind them (the engine before version 25), or both.")
 @_tune_options
 def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serve, prefill,
-          n_requests, pts, schedule, tune, tune_file):
+          n_requests, rate, pts, schedule, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
@@ -818,7 +821,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
     if serve:
         if len(pt) != 1:
             raise UserError(f"--pt {pts!r}: --serve runs one prefill chunk width")
-        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out)
+        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp)
         return
     if prefill:
         _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning)
@@ -852,8 +855,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         Bm.plot(plot_out, cfg, ctx, bw, rows)
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out):
-    """`bench --serve WORKLOAD`: the serving table (perf/serve_bench.py)."""
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0):
+    """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     import subprocess
 
     from qwen38gen.lanes import Lanes
@@ -861,14 +864,23 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out):
     from qwen38gen.perf import serve_bench as Sb
     from qwen38gen.serve.workload import requests, workload
 
+    from qwen38gen.serve.workload import arrival_times
+
     w = workload(name)
     requests(w, cfg.vocab_size, 0, n)            # a bad --requests fails here, before the GPU
-    Lanes.make(max(bs), pt=pt)                   # and a bad --pt
+    arrival_times(1, rate)                       # a bad --rate
+    Lanes.make(max(bs), pt=pt, mtp=mtp)          # and a bad --pt or --mtp
+    if mtp and schedule != "ride":
+        raise UserError("--schedule goes with the plain program; under --mtp decoding slots "
+                        "wait behind prefill chunks")
     rows = []
     with err.status("bench --serve") as st:
         for ride in {"ride": (True,), "wait": (False,), "both": (False, True)}[schedule]:
-            rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m))
+            rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m),
+                                   rate=rate, mtp=mtp)
     out.print(R.serve_table(cfg, w.describe(), rows))
+    if mtp:
+        out.print(R.serve_mtp_table(rows, Sb.ALPHAS))
     if json_out:
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip()

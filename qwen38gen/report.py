@@ -317,7 +317,10 @@ def perf_tables(cfg, ctx: int, fit, preds) -> list:
 
 def serve_table(cfg, workload: str, rows) -> Table:
     """`bench --serve`: one row per (B, schedule) of perf/serve_bench.ServeRow."""
-    t = Table(title=f"serving {cfg.name}, {workload}")
+    rate = rows[0].rate if rows else 0.0
+    arrive = f"{rate:g} requests/s (Poisson)" if rate else "all queued at once"
+    mtp = f", mtp {rows[0].mtp}" if rows and rows[0].mtp else ""
+    t = Table(title=f"serving {cfg.name}, {workload}; {arrive}{mtp}")
     for c in ("B", "pt", "schedule", "output tok/s", "steps (prefill / decode)", "rows (prompt / "
               "decode)", "ms/step", "occupancy", "decode occ.", "lockstep steps",
               "TTFT p50 / p99 ms", "TPOT p50 / p99 ms"):
@@ -329,4 +332,18 @@ def serve_table(cfg, workload: str, rows) -> Table:
                   f"{r.occupancy:.2f}", f"{r.decode_occupancy:.2f}", str(r.lockstep_steps),
                   f"{r.ttft_p50_ms:,.0f} / {r.ttft_p99_ms:,.0f}",
                   f"{r.tpot_p50_ms:.2f} / {r.tpot_p99_ms:.2f}")
+    return t
+
+
+def serve_mtp_table(rows, alphas) -> Table:
+    """`bench --serve --mtp K`: acceptance measured, and output tok/s implied at acceptance α
+    (perf/serve_bench.implied_tok_s)."""
+    t = Table(title="speculative serving: measured, and implied at acceptance α (verify steps' "
+                    "time × measured tokens per slot-verify / (1 + α + … + α^K))")
+    for c in ("B", "acceptance", "tokens / slot-verify", "output tok/s",
+              *(f"tok/s @α={a}" for a in alphas)):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(str(r.batch), f"{r.acceptance:.3f}", f"{r.tokens_per_verify:.3f}",
+                  f"{r.tok_s:,.0f}", *(f"{r.implied_tok_s[str(a)]:,.0f}" for a in alphas))
     return t

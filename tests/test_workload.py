@@ -8,7 +8,7 @@ import pytest
 
 from qwen38gen.errors import UserError
 from qwen38gen.serve.engine import Engine
-from qwen38gen.serve.workload import WORKLOADS, requests, workload
+from qwen38gen.serve.workload import WORKLOADS, arrival_times, requests, workload
 
 from tests.test_engine import FakeBackend
 
@@ -69,7 +69,7 @@ def test_serve_bench_on_a_cpu_backend():
     from qwen38gen.report import serve_table
 
     @contextmanager
-    def slots(cfg, B, pt, tensors, ctx):
+    def slots(cfg, B, pt, tensors, ctx, mtp=0):
         yield FakeBackend(B, pt, vocab=cfg.vocab_size, ctx=ctx)
 
     cfg, w = PRESETS["tiny"], workload("short")
@@ -87,3 +87,135 @@ def test_serve_bench_on_a_cpu_backend():
     out = con.export_text()
     assert "serving tiny, short: 3000 requests" in out and "TTFT" in out
     assert all(f"{r.steps} ({r.prefill_steps} / {r.decode_steps})" in out for r in rows)
+
+
+def test_arrival_times_are_a_seeded_poisson_process():
+    assert arrival_times(5, 0) == [0.0] * 5 and arrival_times(3, None) == [0.0] * 3
+    a = arrival_times(4000, 50.0, seed=2)
+    assert a == arrival_times(4000, 50.0, seed=2) != arrival_times(4000, 50.0, seed=3)
+    gaps = [y - x for x, y in zip(a, a[1:])]
+    assert a[0] == 0.0 and min(gaps) >= 0
+    assert abs(sum(gaps) / len(gaps) - 1 / 50) < 0.002           # mean gap 1/rate
+    for bad in (-1.0, float("inf")):
+        with pytest.raises(UserError, match=r"--rate .*: give requests per second > 0"):
+            arrival_times(3, bad)
+
+
+class Clock:
+    """A fake clock: each engine step costs ``dt`` seconds (advanced by the backend's calls),
+    sleeping advances it by what was asked."""
+
+    def __init__(self):
+        self.t = 0.0
+        self.slept = []
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        assert s > 0
+        self.slept.append(s)
+        self.t += s
+
+
+def test_requests_join_at_their_arrival():
+    """A request is admitted only once the clock passes its arrival; with nothing to run the
+    engine sleeps until the next arrival; all arriving at 0 is the old run."""
+    clock = Clock()
+
+    class Timed(FakeBackend):
+        def prefill(self, chunks):
+            clock.t += 0.01
+            return super().prefill(chunks)
+
+        def decode(self, tokens):
+            clock.t += 0.01
+            return super().decode(tokens)
+
+    w = workload("short")
+    reqs = requests(w, 97, 0, 6)
+    at = [0.0, 0.0, 5.0, 5.001, 9.0, 30.0]
+    eng = Engine(Timed(2, 16, vocab=97))
+    started = {}
+
+    def on_step(done):
+        for seq in eng.sched.running.values():
+            started.setdefault(seq.req.id, clock.t)
+        for r in done:
+            started.setdefault(r.id, clock.t)
+
+    res = eng.run(reqs, on_step=on_step, arrivals=at, clock=clock, sleep=clock.sleep)
+    assert sorted(r.id for r in res) == sorted(r.id for r in reqs)
+    for r, t in zip(reqs, at):
+        assert started[r.id] > t                      # nothing runs before it arrives
+    assert len(clock.slept) >= 3 and clock.t > 30.0   # idle gaps slept through
+    alone = Engine(FakeBackend(2, 16, vocab=97)).run(reqs)
+    assert {r.id: r.token_ids for r in res} == {r.id: r.token_ids for r in alone}
+    with pytest.raises(ValueError, match="2 arrival times for 6 requests"):
+        Engine(FakeBackend(2, 16, vocab=97)).run(reqs, arrivals=[0.0, 1.0])
+
+
+def test_serve_bench_counts_ttft_from_arrival():
+    """At a low rate every request finds a free slot: TTFT is a few steps, not the queue."""
+    from contextlib import contextmanager
+
+    from qwen38gen.config import PRESETS
+    from qwen38gen.perf.serve_bench import serve_bench
+
+    @contextmanager
+    def slots(cfg, B, pt, tensors, ctx, mtp=0):
+        yield FakeBackend(B, pt, vocab=cfg.vocab_size, ctx=ctx)
+
+    cfg, w = PRESETS["tiny"], workload("short")
+    (queued,) = serve_bench(cfg, [2], w, 16, n=12, slots=slots)
+    (paced,) = serve_bench(cfg, [2], w, 16, n=12, slots=slots, rate=40.0)
+    assert (queued.rate, paced.rate) == (0.0, 40.0)
+    assert paced.output_tokens == queued.output_tokens
+    assert paced.seconds >= arrival_times(12, 40.0)[-1]
+    assert paced.ttft_p99_ms < queued.ttft_p99_ms
+
+
+@pytest.mark.slow
+def test_serve_bench_mtp_on_the_emulated_program():
+    """bench --serve --mtp 1's path end to end on the emulated mtp program (tiny): the
+    speculative engine, acceptance counted, implied tokens/s rising with α."""
+    from contextlib import contextmanager
+
+    from qwen38gen.config import PRESETS
+    from qwen38gen.emu.spec_backend import EmuSpecBackend
+    from qwen38gen.lanes import Lanes
+    from qwen38gen.perf.serve_bench import ALPHAS, serve_bench
+    from qwen38gen.weights import default_tensors
+
+    cfg, w = PRESETS["tiny"], workload("short")
+    tensors = default_tensors(cfg, mtp=True)
+
+    @contextmanager
+    def slots(cfg, B, pt, _tensors, ctx, mtp=0):
+        yield EmuSpecBackend(cfg, Lanes.make(B, pt=pt, mtp=mtp), tensors, ctx)
+
+    (r,) = serve_bench(cfg, [2], w, 8, n=4, slots=slots, mtp=1)
+    want = sum(q.max_tokens for q in requests(w, cfg.vocab_size, 0, 4))
+    assert (r.mtp, r.schedule, r.output_tokens) == (1, "wait", want)
+    assert 0.0 <= r.acceptance <= 1.0 and 1.0 <= r.tokens_per_verify <= 2.0
+    implied = [r.implied_tok_s[str(a)] for a in ALPHAS]
+    assert implied == sorted(implied) and implied[-1] > 0
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--serve", "short", "--rate", "-2"], r"--rate -2\.0: give requests per second > 0"),
+    (["--serve", "short", "--mtp", "1", "--schedule", "both"],
+     r"--schedule goes with the plain program; under --mtp decoding slots wait"),
+    (["--serve", "short", "--mtp", "9"], r"lane mtp=9 is not supported; supported mtp: 0, 1"),
+])
+def test_bad_serve_options(args, pattern):
+    """Bad options fail before any GPU work, as one-line errors."""
+    import subprocess
+    import sys
+
+    from tests.test_cli import assert_user_error
+
+    p = subprocess.run([sys.executable, "-m", "cli", "bench", "--model", "tiny", *args],
+                       capture_output=True, text=True,
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert_user_error(p.returncode, p.stdout, p.stderr, pattern)

@@ -2,28 +2,35 @@
 `run`'s engine on the GPU program at each B: output tokens/s, the steps by kind and the rows they
 carried, slot occupancy, and the steps lockstep batching would have taken for the same outputs.
 
-All requests are queued at once; the clock runs from the first step to the last token, the
-program built and the weights on the device before it. Time to first token counts from that
-start (so at a large queue it is mostly waiting for a slot); time per output token is a request's
-time from its first to its last token over the tokens after the first (synthetic weights as
-`run` makes them: on the host, or on the GPU above 1 GB of int4). ``ride=False`` is the schedule in which decoding slots wait behind every prefill
-chunk (the engine before version 25), kept to measure against.
+Requests are queued all at once (default), or arrive as a Poisson process of ``rate`` requests
+per second (workload.arrival_times). The clock runs from the first step to the last token, the
+program built and the weights on the device before it. Time to first token counts from the
+request's arrival (all queued at once: mostly waiting for a slot); time per output token is a
+request's time from its first to its last token over the tokens after the first. Synthetic
+weights as `run` makes them: on the host, or on the GPU above 1 GB of int4. ``ride=False`` is
+the schedule in which decoding slots wait behind every prefill chunk (the engine before version
+25), kept to measure against.
+
+``mtp=K``: the speculative program through run --mtp K's engine (spec_engine.SpecEngine).
+Synthetic weights accept almost no drafts, so besides the measured figures a row gives the
+output tokens/s implied at acceptance α (``ALPHAS``): the verify steps' measured time scaled by
+the measured tokens per slot-verify m over 1 + α + … + α^K, the other steps' time as measured.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..lanes import Lanes
-from ..serve.backends import RuntimeBackend
-from ..serve.engine import Engine
-from ..serve.run import default_ctx
-from ..serve.workload import Workload, requests
+from ..serve.run import default_ctx, make_engine
+from ..serve.workload import Workload, arrival_times, requests
+
+ALPHAS = (0.5, 0.7, 0.9)
 
 
 @dataclass
@@ -37,17 +44,22 @@ class ServeRow:
     tok_s: float
     steps: int
     prefill_steps: int
-    decode_steps: int
+    decode_steps: int        # decode steps (verify steps with mtp)
     prompt_rows: int
     decode_rows: int
     occupancy: float
     decode_occupancy: float
     lockstep_steps: int
     ms_per_step: float
-    ttft_p50_ms: float       # time to first token, from the start (every request queued then)
+    ttft_p50_ms: float       # time to first token, from the request's arrival
     ttft_p99_ms: float
     tpot_p50_ms: float       # time per output token after the first, per request
     tpot_p99_ms: float
+    rate: float = 0.0        # requests per second (0: all queued at once)
+    mtp: int = 0
+    acceptance: float | None = None          # mtp: drafts kept / drafts proposed
+    tokens_per_verify: float | None = None   # mtp: tokens a slot-verify kept, on average
+    implied_tok_s: dict = field(default_factory=dict)   # mtp: α -> output tok/s implied
 
 
 def ms_percentiles(a: np.ndarray) -> tuple[float, float]:
@@ -57,54 +69,68 @@ def ms_percentiles(a: np.ndarray) -> tuple[float, float]:
     return round(float(np.percentile(a, 50)) * 1e3, 3), round(float(np.percentile(a, 99)) * 1e3, 3)
 
 
-def gpu_weights(cfg: ModelConfig):
+def implied_tok_s(tokens: int, other_s: float, verify_s: float, m: float, k: int,
+                  alpha: float) -> float:
+    """Output tokens/s if drafts were kept at rate α: the verify steps' time × m / E(α), where
+    E(α) = 1 + α + … + α^k tokens a slot-verify keeps."""
+    e = sum(alpha ** i for i in range(k + 1))
+    return tokens / max(other_s + verify_s * m / e, 1e-9)
+
+
+def gpu_weights(cfg: ModelConfig, mtp: bool = False):
     """Synthetic weights: made on the host (``default_tensors``, as `run` makes them) where they
     are small, made on the device (``DeviceFill``, as `bench` does) above 1 GB of int4, where the
     host would take minutes (Serving II item 3). The step's time does not depend on the values."""
     from ..serve.run import backend_tensors
 
-    return backend_tensors(cfg, None, 0, False, "gpu")
+    return backend_tensors(cfg, None, 0, mtp, "gpu")
 
 
 @contextmanager
-def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int):
-    """The emitted program's B slots on the GPU (RuntimeBackend), built and warmed up."""
-    from ..build import build
-    from ..runtime import Runtime
+def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: int = 0):
+    """The emitted program's B slots on the GPU (RuntimeBackend, or run --mtp's spec backend)."""
+    from ..serve.run import gpu_backend
 
-    cubin, man = build(cfg, Lanes.make(B, pt=pt))
-    with Runtime(cubin, man, cfg, tensors, ctx) as rt:
-        yield RuntimeBackend(rt)
-        rt.stream.synchronize()
+    with gpu_backend(cfg, Lanes.make(B, pt=pt, mtp=mtp), tensors, ctx) as be:
+        yield be
+        if hasattr(be, "rt"):
+            be.rt.stream.synchronize()
 
 
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
                 seed: int = 0, ride: bool = True, progress=lambda m: None,
-                slots=None) -> list[ServeRow]:
-    """The workload at each B; ``slots(cfg, B, pt, tensors, ctx)``: a context manager giving the
-    backend (default ``gpu_slots``; the tests pass a CPU one)."""
+                slots=None, rate: float = 0.0, mtp: int = 0) -> list[ServeRow]:
+    """The workload at each B; ``slots(cfg, B, pt, tensors, ctx, mtp)``: a context manager
+    giving the backend (default ``gpu_slots``; the tests pass a CPU one)."""
     if slots is None:
         from ..runtime import cuda_driver
 
         cuda_driver()
         slots = gpu_slots
     reqs = requests(w, cfg.vocab_size, seed, n)
+    at = arrival_times(len(reqs), rate, seed)
     warm = requests(w, cfg.vocab_size, seed + 1, 8)
     ctx = max(default_ctx(reqs), default_ctx(warm))
-    tensors = gpu_weights(cfg) if slots is gpu_slots else {}
+    tensors = gpu_weights(cfg, bool(mtp)) if slots is gpu_slots else {}
     rows = []
     for B in batches:
         progress(f"serve {w.name} B={B}: build")
-        with slots(cfg, B, pt, tensors, ctx) as be:
+        with slots(cfg, B, pt, tensors, ctx, mtp) as be:
             # warm-up: the graphs of every phase captured and run once
-            Engine(be).run(warm[:min(2 * B, 8)])
-            eng = Engine(be)
-            eng.sched.ride = ride
+            make_engine(be).run(warm[:min(2 * B, 8)])
+            eng = make_engine(be)
+            if not mtp:
+                eng.sched.ride = ride
             progress(f"serve {w.name} B={B}: {len(reqs)} requests")
             first, last = {}, {}
+            spent = {"verify": 0.0, "other": 0.0}
+            mark = [time.perf_counter(), 0]
 
             def on_step(done):   # the step ended when its tokens were read back (choose)
                 now = time.perf_counter()
+                kind = "verify" if eng.stats.decode_steps > mark[1] else "other"
+                spent[kind] += now - mark[0]
+                mark[0], mark[1] = now, eng.stats.decode_steps
                 for seq in eng.sched.running.values():
                     if seq.out and seq.req.id not in first:
                         first[seq.req.id] = now
@@ -112,22 +138,32 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
                     first.setdefault(res.id, now)
                     last[res.id] = now
 
-            t0 = time.perf_counter()
-            results = eng.run(reqs, on_step=on_step)
-            sec = time.perf_counter() - t0
-        ttft = np.array([first[r.id] - t0 for r in results])
+            results = eng.run(reqs, on_step=on_step, arrivals=at)
+            sec = time.perf_counter() - eng.t0
+        arrive = {r.id: eng.t0 + t for r, t in zip(reqs, at)}
+        ttft = np.array([first[r.id] - arrive[r.id] for r in results])
         tpot = np.array([(last[r.id] - first[r.id]) / (len(r.token_ids) - 1)
                          for r in results if len(r.token_ids) > 1])
         s = eng.stats
-        rows.append(ServeRow(B, pt, "ride" if ride else "wait", s.requests, s.output_tokens,
-                             round(sec, 3), round(s.output_tokens / sec, 1), s.steps,
-                             s.prefill_steps, s.decode_steps, s.prompt_rows, s.busy_decode,
-                             round(s.occupancy, 3), round(s.decode_occupancy, 3),
-                             s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
-                             *ms_percentiles(ttft), *ms_percentiles(tpot)))
+        row = ServeRow(B, pt, "wait" if mtp or not ride else "ride", s.requests,
+                       s.output_tokens, round(sec, 3), round(s.output_tokens / sec, 1), s.steps,
+                       s.prefill_steps, s.decode_steps, s.prompt_rows, s.busy_decode,
+                       round(s.occupancy, 3), round(s.decode_occupancy, 3),
+                       s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
+                       *ms_percentiles(ttft), *ms_percentiles(tpot), rate=rate, mtp=mtp)
+        if mtp:
+            m = s.busy_tokens / max(1, s.busy_decode)
+            row.acceptance = round(s.acceptance, 4)
+            row.tokens_per_verify = round(m, 4)
+            # the time outside steps (idle waits for arrivals) stays as measured
+            other = sec - spent["verify"]
+            row.implied_tok_s = {str(a): round(implied_tok_s(s.output_tokens, other,
+                                                             spent["verify"], m, mtp, a), 1)
+                                 for a in ALPHAS}
+        rows.append(row)
     return rows
 
 
 def to_json(cfg: ModelConfig, w: Workload, rows: list[ServeRow], device: str) -> dict:
-    return {"format": "qwen38gen-bench-serve", "version": 1, "model": cfg.name,
+    return {"format": "qwen38gen-bench-serve", "version": 2, "model": cfg.name,
             "device": device, "workload": w.describe(), "rows": [asdict(r) for r in rows]}

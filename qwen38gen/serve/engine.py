@@ -53,6 +53,8 @@ tokens do not depend on its slot, on B or on the other requests.
 
 from __future__ import annotations
 
+import time
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -326,14 +328,32 @@ class Engine:
 
     def run(self, requests: list[Request],
             on_finish: Callable[[Result], None] | None = None,
-            on_step: Callable[[list[Result]], None] | None = None) -> list[Result]:
+            on_step: Callable[[list[Result]], None] | None = None,
+            arrivals: list[float] | None = None, clock: Callable[[], float] = time.perf_counter,
+            sleep: Callable[[float], None] = time.sleep) -> list[Result]:
         """Every request to completion; results in the order they finished (on_finish as each
         finishes; on_step after every step, with the requests it finished, while the running
-        sequences are still in ``self.sched.running``). Stats are in ``self.stats``."""
+        sequences are still in ``self.sched.running``). Stats are in ``self.stats``.
+
+        ``arrivals[i]``: seconds after the start (``self.t0``, on ``clock``) at which request i
+        joins the queue (default: all at once); with nothing to run the engine sleeps until the
+        next arrival. Every request is checked before the first step either way."""
         for r in requests:
-            self.add(r)
+            check_request(r, self.backend.ctx, self.backend.vocab)
+        if arrivals is None:
+            arrivals = [0.0] * len(requests)
+        if len(arrivals) != len(requests):
+            raise ValueError(f"{len(arrivals)} arrival times for {len(requests)} requests")
+        pending = deque(sorted(zip(arrivals, range(len(requests)))))
         results = []
-        while self.sched.waiting or self.sched.running:
+        self.t0 = clock()
+        while pending or self.sched.waiting or self.sched.running:
+            now = clock() - self.t0
+            while pending and pending[0][0] <= now:
+                self.add(requests[pending.popleft()[1]])
+            if not (self.sched.waiting or self.sched.running):
+                sleep(pending[0][0] - now)
+                continue
             done = self.step()
             if on_step is not None:
                 on_step(done)

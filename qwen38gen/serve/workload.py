@@ -11,6 +11,9 @@ on every machine (numpy's PCG64).
 * ``long``: 1 000 requests, prompts of 8–128 tokens, 32–256 new tokens (its second).
 * ``realistic``: 256 requests, prompts of 128–4 096 tokens, 64–1 024 new tokens (its item 4's
   example, for the 27B).
+
+Requests are queued all at once, or arrive as a Poisson process of a stated rate
+(``arrival_times``: seeded exponential gaps, the first request at 0).
 """
 
 from __future__ import annotations
@@ -65,3 +68,15 @@ def requests(w: Workload, vocab: int, seed: int = 0, n: int | None = None) -> li
               else SamplingParams())
         out.append(Request(f"w{i}", prompt, int(lo[i]), ignore_eos=True, sampling=sp))
     return out
+
+
+def arrival_times(n: int, rate: float | None, seed: int = 0) -> list[float]:
+    """Seconds at which n requests arrive: all at 0 (``rate`` None or 0), else a Poisson process
+    of ``rate`` requests per second (exponential gaps of mean 1/rate, seeded), the first at 0."""
+    if not rate:
+        return [0.0] * n
+    if rate < 0 or not np.isfinite(rate):
+        raise UserError(f"--rate {rate}: give requests per second > 0 (0: all at once)")
+    gaps = np.random.default_rng([seed, 0xA77]).exponential(1.0 / rate, n)
+    gaps[0] = 0.0
+    return [float(t) for t in np.cumsum(gaps)]
