@@ -59,6 +59,10 @@ gate: $(STAMP)
 # that `VERIFY=... bash scripts/device.sh` loads compiled into .cache/q38 (no nvcc there). Then
 # the device run carries [".gpu", ".cache"]; the size of what travels is printed (limit 64 MiB).
 WHEELS_FROM ?= ../shared/device
+# bench --peers' Triton peers (GemLite's int4 GEMMs, fla's gated delta rule), pure-Python wheels
+# built here into .gpu/peers (the GPU machine has torch and Triton, no network); without them
+# those two peers report that they could not be imported.
+PEER_WHEELS ?= gemlite==0.6.0.post2 fla-core==0.6.0 einops==0.8.1
 
 device-prep:
 	@test -z "$$(git status --porcelain)" || { git status --short; echo "error: the tree has \
@@ -66,6 +70,8 @@ device-prep:
 	exit 2; }
 	rm -rf .gpu .cache/q38
 	mkdir -p .gpu && cp $(WHEELS_FROM)/*.whl .gpu/
+	$(PY) -m pip wheel -q --no-deps -w .gpu/peers $(PEER_WHEELS) 2>/dev/null || echo "note: \
+	the peer wheels ($(PEER_WHEELS)) could not be built; bench --peers will say so for them"
 	git ls-files -s > .gpu/FILES
 	git rev-parse HEAD > .gpu/COMMIT
 	QWEN38_CACHE=.cache/q38 $(PY) scripts/precompile.py --verify

@@ -862,9 +862,7 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0):
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
     from qwen38gen.perf import serve_bench as Sb
-    from qwen38gen.serve.workload import requests, workload
-
-    from qwen38gen.serve.workload import arrival_times
+    from qwen38gen.serve.workload import arrival_times, requests, workload
 
     w = workload(name)
     requests(w, cfg.vocab_size, 0, n)            # a bad --requests fails here, before the GPU
@@ -938,11 +936,15 @@ def _bench_peers(cfg, bs, bw, reps, rows) -> dict:
     """`bench --peers`: time torch's peers after our runs, print their table; the JSON object."""
     from qwen38gen.perf import peers as Pm
 
+    from qwen38gen.perf import peers_gdn as Pg
+
     with err.status("peers") as st:
         pr = Pm.run(cfg, bs, bw, reps=reps, progress=lambda m: st.update(m))
+        if pr["available"]:
+            pr["delta_rule"] = Pg.run(cfg, bs, reps=reps, progress=lambda m: st.update(m))
     if pr["available"]:
         out.print(R.peers_table(pr, bs, rows, Pm.PEERS, Pm.SHORT))
-    for line in Pm.summary(pr):
+    for line in Pm.summary(pr) + (Pg.lines(pr["delta_rule"], rows) if pr["available"] else []):
         out.print(line, markup=False)
     return pr
 

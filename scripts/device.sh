@@ -32,7 +32,13 @@ LOG="$OUT/device.log"
 PY=${PY:-python3}
 SANITIZER=${SANITIZER:-compute-sanitizer}
 $PY -m pip install -q --no-index --no-deps --target /tmp/site "${WHEELS:-.gpu}"/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# bench --peers' Triton peers (make device-prep's .gpu/peers), last on the path: they must not
+# shadow what the machine's torch brings
+if ls "${WHEELS:-.gpu}"/peers/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --target /tmp/site-peers "${WHEELS:-.gpu}"/peers/*.whl \
+    || echo "note: the peer wheels did not install; bench --peers will say so for them"
+fi
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site-peers
 # VERIFY loads the programs `make device-prep` compiled into the carried .cache (no nvcc here).
 [ -n "${VERIFY:-}" ] && QWEN38_CACHE=${QWEN38_CACHE:-$PWD/.cache/q38}
 export PYTHONUNBUFFERED=1 QWEN38_CACHE=${QWEN38_CACHE:-/tmp/q38cache} OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1

@@ -112,3 +112,40 @@ def test_bench_peers_cli_without_cuda(monkeypatch, tmp_path, capsys):
     assert f"peers: not run: torch {torch.__version__} has no CUDA device" in text
     d = json.loads(out.read_text())
     assert d["peers"]["available"] is False and d["rows"][0]["batch"] == 1
+
+
+def test_fla_peer_reference_is_the_models_delta_rule():
+    """The float32 recurrence the fla peer is checked against (perf/peers_gdn.reference) equals
+    the numpy reference's gdn_recurrent (the model's definition, checked against HF) on one
+    token with GVA (value heads reading key head ⌊h / r⌋): a wrong peer cannot pass its check."""
+    import numpy as np
+    import torch
+
+    from qwen38gen.perf.peers_gdn import reference
+    from qwen38gen.reference import gdn_recurrent, l2n
+
+    B, H, HV, dk, dv = 2, 2, 6, 16, 8
+    g_ = torch.Generator().manual_seed(3)
+    q, k = torch.randn(B, H, dk, generator=g_), torch.randn(B, H, dk, generator=g_)
+    v = torch.randn(B, HV, dv, generator=g_)
+    g = -torch.rand(B, HV, generator=g_) * 0.5
+    beta = torch.rand(B, HV, generator=g_)
+    h0 = torch.randn(B, HV, dk, dv, generator=g_) * 0.1
+    o, h = reference(q, k, v, g, beta, h0)
+    for b in range(B):
+        qn = l2n(q[b].double().numpy(), eps=0.0) / np.sqrt(dk)
+        kn = l2n(k[b].double().numpy(), eps=0.0)
+        ro, rh = gdn_recurrent(qn[None], kn[None], v[b].double().numpy()[None],
+                               g[b].double().numpy()[None], beta[b].double().numpy()[None],
+                               h0[b].double().numpy())
+        np.testing.assert_allclose(o[b].numpy(), ro[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h[b].numpy(), rh, rtol=1e-5, atol=1e-6)
+
+
+def test_fla_peer_without_cuda_is_reported():
+    from qwen38gen.config import PRESETS
+    from qwen38gen.perf import peers_gdn
+
+    r = peers_gdn.run(PRESETS["tiny"], [1])
+    assert r["ok"] is False and "CUDA" in r["error"]
+    assert peers_gdn.lines(r, []) == [f"peers: {peers_gdn.LABEL} failed: {r['error']}"]

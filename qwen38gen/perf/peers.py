@@ -6,7 +6,11 @@ replayed like our own step (warm-up, then the median of `reps` replays timed wit
 
 - ``cublas_bf16``: y = x @ W.T, x [B, k] and W [rows, k] bf16 (``torch.nn.functional.linear``);
 - ``int4pack``: PyTorch's built-in int4 g128 ("tinygemm"), ``torch._weight_int4pack_mm(x, Wp,
-  128, scales_and_zeros)`` on weights packed by ``torch._convert_weight_to_int4pack``.
+  128, scales_and_zeros)`` on weights packed by ``torch._convert_weight_to_int4pack``;
+- ``gemlite``: GemLite's A16W4 Triton kernels (``gemlite.GemLiteLinear``, 4-bit, group 128, bf16
+  in and out, HQQ's (W_q − zero) · scale), its shipped H100 configs loaded so that no autotuning
+  runs inside the timing; it needs the ``gemlite`` package (carried to the GPU machine as a wheel,
+  README "On a GPU machine").
 
 Every layer's weight is its own allocation (one shared weight would sit in the 50 MB L2 and
 flatter the peer). One peer's weights (bf16: 2 bytes/param, about 51 GB for 27B) are allocated
@@ -38,9 +42,10 @@ INNER_K_TILES = 8        # 16-byte loads, gpt-fast's default; our k (5120, 6144,
 # same bf16 (dequantized) weights, so the difference is the bf16 rounding of the output
 # (2^-8 relative) plus summation order; a wrong layout (nibble order, scale layout) gives O(1).
 CHECK_TOL = 2e-2
-PEERS = ("cublas_bf16", "int4pack")
-LABELS = {"cublas_bf16": "cuBLAS bf16 (F.linear)", "int4pack": "torch int4 g128 (_weight_int4pack_mm)"}
-SHORT = {"cublas_bf16": "cuBLAS bf16", "int4pack": "torch int4pack"}
+PEERS = ("cublas_bf16", "int4pack", "gemlite")
+LABELS = {"cublas_bf16": "cuBLAS bf16 (F.linear)", "int4pack": "torch int4 g128 (_weight_int4pack_mm)",
+          "gemlite": "GemLite A16W4 g128 (GemLiteLinear)"}
+SHORT = {"cublas_bf16": "cuBLAS bf16", "int4pack": "torch int4pack", "gemlite": "GemLite int4"}
 
 
 def linear_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
@@ -96,6 +101,46 @@ def rel_err(y, ref) -> float:
     return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def gemlite_layer(n: int, k: int, gen, device):
+    """One GemLite A16W4 g128 layer on random codes: (the packed layer, (codes, scales, zeros))
+    with W = (codes − zeros) · scales, codes uint8 [n, k] in 0..15, scales and zeros [n, k/128]."""
+    import torch
+    from gemlite import DType, GemLiteLinear
+
+    _gemlite_configs()
+    wq = torch.randint(0, 16, (n, k), dtype=torch.uint8, device=device, generator=gen)
+    sc = torch.empty(n, k // GROUP, dtype=torch.bfloat16, device=device).uniform_(
+        0.005, 0.015, generator=gen)
+    ze = torch.full((n, k // GROUP), 8.0, dtype=torch.bfloat16, device=device)
+    lin = GemLiteLinear(4, group_size=GROUP, in_features=k, out_features=n,
+                        input_dtype=DType.BF16, output_dtype=DType.BF16)
+    lin.pack(wq, sc, ze, None)
+    return lin, (wq, sc, ze)
+
+
+_GEMLITE_CONFIGS = []
+
+
+def _gemlite_configs():
+    """Load GemLite's shipped H100 kernel configs once (sm_90: the H200 too), so that the first
+    call of a shape picks a config instead of autotuning."""
+    if _GEMLITE_CONFIGS:
+        return
+    import os
+
+    import gemlite
+    from gemlite import GemLiteLinear
+
+    path = os.path.join(os.path.dirname(gemlite.__file__), "configs", "h100.json")
+    _GEMLITE_CONFIGS.append(GemLiteLinear.load_config(path, print_error=False))
+
+
+def _nbytes(ts) -> int:
+    import torch
+
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
 # ------------------------------------------------------------------------------------- peers
 class _Peer:
     """Weights for every linear layer of the step, and the call of one layer."""
@@ -110,6 +155,11 @@ class _Peer:
                     -0.05, 0.05, generator=gen)
                 self.w.append((w,))
                 self.nbytes += w.numel() * w.element_size()
+            elif kind == "gemlite":
+                lin, raw = gemlite_layer(n, k, gen, device)
+                del raw
+                self.w.append((lin,))
+                self.nbytes += _nbytes(lin.get_tensor_args())
             else:
                 u8, sz = random_int4(n, k, gen, device)
                 wp = torch._convert_weight_to_int4pack(u8, INNER_K_TILES)
@@ -122,6 +172,8 @@ class _Peer:
 
         if self.kind == "cublas_bf16":
             return torch.nn.functional.linear(x, self.w[i][0])
+        if self.kind == "gemlite":
+            return self.w[i][0](x)
         wp, sz = self.w[i]
         return torch._weight_int4pack_mm(x, wp, GROUP, sz)
 
@@ -136,6 +188,11 @@ def check_peer(kind: str, n: int, k: int, B: int, gen, device) -> tuple[float, s
         w = torch.empty(n, k, dtype=torch.bfloat16, device=device).uniform_(-0.05, 0.05,
                                                                             generator=gen)
         return rel_err(torch.nn.functional.linear(x, w), x.float() @ w.float().t()), ""
+    if kind == "gemlite":
+        lin, (wq, sc, ze) = gemlite_layer(n, k, gen, device)
+        w = ((wq.float() - ze.float().repeat_interleave(GROUP, dim=1))
+             * sc.float().repeat_interleave(GROUP, dim=1))
+        return rel_err(lin(x), x.float() @ w.t()), ""
     u8, sz = random_int4(n, k, gen, device)
     y = torch._weight_int4pack_mm(x, torch._convert_weight_to_int4pack(u8, INNER_K_TILES),
                                   GROUP, sz)
@@ -216,6 +273,7 @@ def run(cfg: ModelConfig, batches: list[int], bw: float, warmup: int = 5, reps: 
                 raise RuntimeError(f"wrong result on {n0}×{k0}: max error {r['check_err']:.3g} "
                                    f"of max |ref| (tolerance {CHECK_TOL}){hint}")
             need = 2.0 * params if kind == "cublas_bf16" else params * (0.5 + 4.0 / GROUP)
+            need += max(n * k for _, n, k in shapes) if kind == "gemlite" else 0  # codes, packing
             free = torch.cuda.mem_get_info(0)[0]
             if free < need + (2 << 30):
                 raise RuntimeError(f"needs {need / 1e9:.1f} GB of weights, {free / 1e9:.1f} GB free")
