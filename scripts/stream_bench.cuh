@@ -280,3 +280,8 @@ SB_WSP(0, 16)
 SB_WSP(128, 8)
 SB_WSP(128, 16)
 SB_WSP(64, 8)
+// One block per SM with a 192 KiB ring (24 stages of 8 KiB): docs/PERSISTENT.md's shape (its
+// 12 pages of 16 KiB), the 8 consumer warps of these stand-ins instead of its 20.
+SB_WSP(0, 24)
+SB_WSP(64, 24)
+SB_WSP(128, 24)

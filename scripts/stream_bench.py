@@ -87,10 +87,10 @@ def run(cubin: str, reps: int = 10):
     n16 = drv.to_device(np.asarray([s // 16 for s in sizes], np.int64))
     cds = [(0, 2), (64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4)]
     wss = [(0, 8), (64, 8), (128, 8), (128, 16)]
-    wsps = [(0, 8), (0, 16), (64, 8), (128, 8), (128, 16)]
+    wsps = [(0, 8), (0, 16), (64, 8), (128, 8), (128, 16), (0, 24), (64, 24), (128, 24)]
     names = ("sb_launch5", "sb_persist5", "sb_persist5_pf") + tuple(
         f"sb_launch5_c{c}_d{d}" for c, d in cds)
-    ws_smem = {r: r * 8192 + 16 * r for _, r in wss}
+    ws_smem = {r: r * 8192 + 16 * r for _, r in wss + wsps}
     kernels = {n: {"smem": smem} for n in names}
     kernels.update({f"sb_ws5_c{c}_r{r}": {"smem": ws_smem[r]} for c, r in wss})
     kernels.update({f"sb_wsp5_c{c}_r{r}": {"smem": ws_smem[r]} for c, r in wsps})

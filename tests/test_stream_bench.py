@@ -27,5 +27,6 @@ def test_kernels_compile(tmp_path):
     res = stream_bench.build(str(out))
     assert out.stat().st_size > 0
     names = {k.name for k in res.kernels}
-    assert {"sb_launch5", "sb_persist5_pf", "sb_ws5_c128_r8", "sb_wsp5_c128_r8", "sb_wsp5_c0_r16"} <= names
+    assert {"sb_launch5", "sb_persist5_pf", "sb_ws5_c128_r8", "sb_wsp5_c128_r8", "sb_wsp5_c0_r16",
+            "sb_wsp5_c64_r24"} <= names
     assert not any(k.spill_stores or k.spill_loads for k in res.kernels)
