@@ -769,7 +769,8 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--reps", type=int, default=30, show_default=True, help="Timed replays (≥ 20).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
-              help="PNG of tok/s and the floor against B.")
+              help="PNG of tok/s and the floor against B (with --serve: output tok/s, time to "
+                   "first token and per output token against B).")
 @click.option("--peers", is_flag=True, default=False,
               help="Also time torch's cuBLAS bf16 and int4 _weight_int4pack_mm over the step's "
                    "linear layers (needs torch with CUDA; runs after our own runs).")
@@ -821,7 +822,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
     if serve:
         if len(pt) != 1:
             raise UserError(f"--pt {pts!r}: --serve runs one prefill chunk width")
-        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp)
+        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp, plot_out)
         return
     if prefill:
         _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning)
@@ -855,7 +856,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         Bm.plot(plot_out, cfg, ctx, bw, rows)
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0):
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None):
     """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     import subprocess
 
@@ -879,6 +880,8 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0):
     out.print(R.serve_table(cfg, w.describe(), rows))
     if mtp:
         out.print(R.serve_mtp_table(rows, Sb.ALPHAS))
+    if plot_out:
+        Sb.plot(plot_out, cfg, w, rows)
     if json_out:
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip()

@@ -219,3 +219,17 @@ def test_bad_serve_options(args, pattern):
                        capture_output=True, text=True,
                        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert_user_error(p.returncode, p.stdout, p.stderr, pattern)
+
+
+def test_serve_plot(tmp_path):
+    """bench --serve --plot: a PNG, written whole (matplotlib is not a dependency: skipped where
+    it is not installed, as on the CPU machines)."""
+    pytest.importorskip("matplotlib")
+    from qwen38gen.config import PRESETS
+    from qwen38gen.perf.serve_bench import ServeRow, plot
+
+    rows = [ServeRow(b, 16, "ride", 10, 100, 1.0, 100.0 * b, 10, 5, 5, 50, 50, 0.9, 0.9, 12,
+                     1.0, 5.0, 9.0, 1.0, 2.0) for b in (7, 16, 64)]
+    out = tmp_path / "serve.png"
+    plot(out, PRESETS["tiny"], workload("short"), rows)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

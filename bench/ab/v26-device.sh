@@ -33,5 +33,5 @@ Q="python3 -m cli"
   done
   echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
   timeout 120 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
-    --json "$OUT/serve-27b-realistic.json" 2>&1 | tail -8
+    --json "$OUT/serve-27b-realistic.json" --plot "$OUT/serve-27b-realistic.png" 2>&1 | tail -8
 } 2>&1 | tee "$OUT/v26.log"

@@ -167,3 +167,37 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
 def to_json(cfg: ModelConfig, w: Workload, rows: list[ServeRow], device: str) -> dict:
     return {"format": "qwen38gen-bench-serve", "version": 2, "model": cfg.name,
             "device": device, "workload": w.describe(), "rows": [asdict(r) for r in rows]}
+
+
+def plot(path, cfg: ModelConfig, w: Workload, rows: list[ServeRow]):
+    """PNG: output tokens/s against B per schedule (left), time to first token p50 / p99 and
+    time per output token p50 (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..outputs import Target
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for sched in dict.fromkeys(r.schedule for r in rows):
+        rs = sorted((r for r in rows if r.schedule == sched), key=lambda r: r.batch)
+        label = sched + (f", mtp {rs[0].mtp}" if rs[0].mtp else "")
+        a.plot([r.batch for r in rs], [r.tok_s for r in rs], "o-", label=label)
+        b.plot([r.batch for r in rs], [r.ttft_p50_ms for r in rs], "o-", label=f"TTFT p50 ({label})")
+        b.plot([r.batch for r in rs], [r.ttft_p99_ms for r in rs], "s--", label=f"TTFT p99 ({label})")
+        b.plot([r.batch for r in rs], [r.tpot_p50_ms for r in rs], "^:", label=f"TPOT p50 ({label})")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    a.set_ylabel("output tokens / s")
+    b.set_ylabel("ms")
+    b.set_yscale("log")
+    rate = rows[0].rate if rows else 0.0
+    fig.suptitle(f"{cfg.name}, {w.name} ({len(rows) and rows[0].requests} requests, "
+                 + (f"{rate:g}/s" if rate else "all queued at once") + ")")
+    fig.tight_layout()
+    with Target(path, binary=True) as f:   # outputs.py: whole or not at all
+        fig.savefig(f, dpi=120, format="png")
