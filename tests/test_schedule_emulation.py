@@ -87,15 +87,21 @@ class PoisonedEmu(Emu):
                                   if n in self.buf))
 
 
-@pytest.mark.parametrize("B,pt", [(3, 4), (5, 8)])
-def test_no_launch_reads_scratch_before_it_is_written(setup, B, pt):
+@pytest.mark.parametrize("B,pt,btg,tune", [
+    (3, 4, None, ()), (5, 8, None, ()),
+    pytest.param(16, 4, None, (), marks=pytest.mark.slow),
+    pytest.param(40, 4, 64, (), marks=pytest.mark.slow),
+    pytest.param(40, 4, 64, ("wgmma_sk=all",), marks=pytest.mark.slow)])
+def test_no_launch_reads_scratch_before_it_is_written(setup, B, pt, btg, tune):
     """Nothing read before it is written, for today's program on the CPU: the packed prefill
     chunks (prompts of 9, 1 and 5 tokens: slots idle and ending in different chunks, buckets
     wider than the rows) and the decode steps give the reference's logits and final state with
-    every scratch buffer poisoned before each phase."""
+    every scratch buffer poisoned before each phase; slow: 64-row tiles in tile order (XT), and
+    every tile-order GEMV on wgmma_sk_q4 with its partials."""
     cfg, t, ref = setup
-    man = emit_program(cfg, Lanes.make(B, pt=pt)).manifest
-    _check_against_reference(cfg, t, ref, man, B, pt, None, emu_cls=PoisonedEmu)
+    man = emit_program(cfg, Lanes.make(B, btg=btg, pt=pt,
+                                       tuning=Tuning.parse(list(tune)))).manifest
+    _check_against_reference(cfg, t, ref, man, B, pt, btg, emu_cls=PoisonedEmu)
     emu = PoisonedEmu.instances[-1]
     # the poison was there to be read: every phase left unwritten scratch (rows past the
     # chunk's, the unused splits), none of which reached a logit or the state
