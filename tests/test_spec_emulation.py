@@ -129,3 +129,30 @@ def test_mtp_row_logits(setup):
     mk = emu.get("mkc")
     for b, p in enumerate(prompts):
         assert np.abs(mk[b][:, :len(p)] - st.mtp_k[b]).max() < TOL
+
+
+MTP_SCRATCH = ("vnextval", "mcat", "mh", "mlogits", "dval")
+
+
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_spec_reads_no_scratch_before_it_is_written(setup, k):
+    """Nothing read before it is written, in the mtp program: every float scratch buffer (the
+    plain program's and the MTP row's) NaN at the start of each phase (the verify schedule's two
+    halves run as one phase here: the second reads what the first wrote) still gives the
+    reference's greedy streams with the device's own drafts."""
+    from tests.test_schedule_emulation import SCRATCH
+
+    class Poisoned(Emu):
+        def run(self, phase, start=0, stop=None):
+            if start == 0:
+                for n in SCRATCH + MTP_SCRATCH:
+                    if n in self.buf:
+                        self.buf[n][:] = np.nan
+            super().run(phase, start, stop)
+
+    cfg, t, ref, prompts, want = setup
+    man = emit_program(cfg, Lanes.make(len(prompts), pt=PT, mtp=k)).manifest
+    assert set(MTP_SCRATCH) <= set(man["buffers"])
+    emu = Poisoned(man, cfg, t, tmax=tmax_needed(prompts, STEPS, k))
+    got, _, _ = speculative_run(emu, man, prompts, STEPS, record=True)
+    assert got == want
