@@ -137,9 +137,9 @@ MTP_SCRATCH = ("vnextval", "mcat", "mh", "mlogits", "dval")
 @pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_spec_reads_no_scratch_before_it_is_written(setup, k):
     """Nothing read before it is written, in the mtp program: every float scratch buffer (the
-    plain program's and the MTP row's) NaN at the start of each phase (the verify schedule's two
-    halves run as one phase here: the second reads what the first wrote) still gives the
-    reference's greedy streams with the device's own drafts."""
+    plain program's and the MTP row's) NaN at the start of each phase (a phase run in two halves
+    around the host's step is poisoned before its first half only: the second reads what the
+    first wrote) still gives the reference's greedy streams with the device's own drafts."""
     from tests.test_schedule_emulation import SCRATCH
 
     class Poisoned(Emu):
