@@ -147,3 +147,30 @@ def run_order(emu: Emu, phase: str, order: list[int]) -> None:
 def equal_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
     """The buffers that differ (NaN equal to NaN)."""
     return [n for n in a if not np.array_equal(a[n], b[n], equal_nan=True)]
+
+
+def lists_from_order(order: list[int], sms: int) -> list[list[int]]:
+    """Per-SM static task lists: a topological order dealt round robin (each list is then a
+    subsequence of one topological order, as the persistent step's lists are)."""
+    return [order[s::sms] for s in range(sms)]
+
+
+def simulate(lists: list[list[int]], deps: list[set[int]],
+             rng: np.random.Generator) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """Each SM runs its list in order; a task starts once every task it depends on has finished
+    (the counters' wait). SMs advance in a random order. Returns (the order tasks ran in, None),
+    or (what ran, [(SM, the task it waits at)]) where no SM can advance: a deadlock."""
+    pos = [0] * len(lists)
+    done: set[int] = set()
+    ran: list[int] = []
+    total = sum(len(x) for x in lists)
+    while len(ran) < total:
+        ready = [s for s, lst in enumerate(lists) if pos[s] < len(lst) and deps[lst[pos[s]]] <= done]
+        if not ready:
+            return ran, [(s, lst[pos[s]]) for s, lst in enumerate(lists) if pos[s] < len(lst)]
+        s = ready[int(rng.integers(len(ready)))]
+        t = lists[s][pos[s]]
+        pos[s] += 1
+        done.add(t)
+        ran.append(t)
+    return ran, None
