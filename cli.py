@@ -872,11 +872,16 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot
     if mtp and schedule != "ride":
         raise UserError("--schedule goes with the plain program; under --mtp decoding slots "
                         "wait behind prefill chunks")
+    def row(r):   # a line per B: a run cut short keeps what it printed
+        err.print(f"serve {w.name}: B={r.batch} {r.schedule}: {r.tok_s:,.0f} output tok/s, "
+                  f"{r.steps} steps, {r.ms_per_step:.3f} ms/step, TTFT p50 {r.ttft_p50_ms:,.0f} ms",
+                  markup=False)
+
     rows = []
     with err.status("bench --serve") as st:
         for ride in {"ride": (True,), "wait": (False,), "both": (False, True)}[schedule]:
             rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m),
-                                   rate=rate, mtp=mtp)
+                                   rate=rate, mtp=mtp, on_row=row)
     out.print(R.serve_table(cfg, w.describe(), rows))
     if mtp:
         out.print(R.serve_mtp_table(rows, Sb.ALPHAS))
@@ -902,9 +907,13 @@ def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
     if max(prompts) + 1 > cfg.max_position_embeddings:
         raise UserError(f"--prefill {max(prompts)}: {cfg.name!r} holds "
                         f"{cfg.max_position_embeddings} positions; give shorter prompts")
+    def row(r):   # a line per measured row: a run cut short keeps what it printed
+        err.print(f"prefill: {r.prompt} tokens, B={r.batch}, pt={r.pt}: TTFT {r.ttft_ms:,.1f} ms "
+                  f"({r.tok_s:,.0f} prompt tok/s, {r.tflops:.0f} TFLOP/s)", markup=False)
+
     with err.status("bench --prefill") as st:
         bw, rows = Pb.prefill_bench(cfg, bs, prompts, pts, progress=lambda m: st.update(m),
-                                    tuning=tuning)
+                                    tuning=tuning, on_row=row)
     out.print(R.prefill_table(cfg, bw, Pb.TENSOR_PEAK, rows))
     if json_out:
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],

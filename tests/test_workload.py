@@ -233,3 +233,19 @@ def test_serve_plot(tmp_path):
     out = tmp_path / "serve.png"
     plot(out, PRESETS["tiny"], workload("short"), rows)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_serve_bench_reports_each_row_as_measured():
+    from contextlib import contextmanager
+
+    from qwen38gen.config import PRESETS
+    from qwen38gen.perf.serve_bench import serve_bench
+
+    @contextmanager
+    def slots(cfg, B, pt, tensors, ctx, mtp=0):
+        yield FakeBackend(B, pt, vocab=cfg.vocab_size, ctx=ctx)
+
+    seen = []
+    rows = serve_bench(PRESETS["tiny"], [2, 3], workload("short"), 16, n=6, slots=slots,
+                       on_row=seen.append)
+    assert seen == rows and [r.batch for r in seen] == [2, 3]

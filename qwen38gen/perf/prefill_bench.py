@@ -92,8 +92,9 @@ def ttft_once(rt: Runtime, prompts: list[list[int]]) -> tuple[float, list[int]]:
 
 
 def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts: list[int],
-                  reps: int = 3, progress=None,
-                  tuning: Tuning = Tuning()) -> tuple[float, list[PrefillRow]]:
+                  reps: int = 3, progress=None, tuning: Tuning = Tuning(),
+                  on_row=None) -> tuple[float, list[PrefillRow]]:
+    """``on_row(row)`` as each row is measured (a run cut short keeps what it printed)."""
     drv = cuda_driver()
     ctx0 = drv.Device(0).make_context()
     try:
@@ -126,6 +127,8 @@ def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts:
                         ttft_ms_spread=(min(t) * 1e3, max(t) * 1e3), passes=len(t), tok_s=B * P / s,
                         floor_bytes_ms=fb * 1e3, floor_flops_ms=ff * 1e3,
                         tflops=prefill_flops(cfg, B, P) / s / 1e12))
+                    if on_row:
+                        on_row(rows[-1])
     return bw, rows
 
 

@@ -99,9 +99,10 @@ def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: i
 
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
                 seed: int = 0, ride: bool = True, progress=lambda m: None,
-                slots=None, rate: float = 0.0, mtp: int = 0) -> list[ServeRow]:
+                slots=None, rate: float = 0.0, mtp: int = 0, on_row=None) -> list[ServeRow]:
     """The workload at each B; ``slots(cfg, B, pt, tensors, ctx, mtp)``: a context manager
-    giving the backend (default ``gpu_slots``; the tests pass a CPU one)."""
+    giving the backend (default ``gpu_slots``; the tests pass a CPU one); ``on_row(row)`` as each
+    B is measured."""
     if slots is None:
         from ..runtime import cuda_driver
 
@@ -161,6 +162,8 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
                                                              spent["verify"], m, mtp, a), 1)
                                  for a in ALPHAS}
         rows.append(row)
+        if on_row:
+            on_row(row)
     return rows
 
 
