@@ -842,10 +842,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         for t in R.trace_tables(rows):
             out.print(t)
     pr = _bench_peers(cfg, bs, bw, reps, rows) if peers else None
-    import subprocess
 
-    dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    dev = _device_name()
     if json_out:
         d = Bm.to_json(cfg, ctx, bw, rows, dev)
         d["pdl"] = launch.enabled()
@@ -856,10 +854,16 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         Bm.plot(plot_out, cfg, ctx, bw, rows)
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None):
-    """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
+def _device_name() -> str:
+    """The GPU's name as nvidia-smi gives it (the bench json's "device")."""
     import subprocess
 
+    return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None):
+    """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
     from qwen38gen.perf import serve_bench as Sb
@@ -888,16 +892,13 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot
     if plot_out:
         Sb.plot(plot_out, cfg, w, rows)
     if json_out:
-        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
+        dev = _device_name()
         write_text(json_out, json.dumps(Sb.to_json(cfg, w, rows, dev), indent=1) + "\n",
                    name="--json")
 
 
 def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
     """`bench --prefill P,...`: time to first token (perf/prefill_bench.py)."""
-    import subprocess
-
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
     from qwen38gen.perf import prefill_bench as Pb
@@ -916,16 +917,13 @@ def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
                                     tuning=tuning, on_row=row)
     out.print(R.prefill_table(cfg, bw, Pb.TENSOR_PEAK, rows))
     if json_out:
-        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
+        dev = _device_name()
         write_text(json_out, json.dumps(Pb.to_json(cfg, bw, rows, dev), indent=1) + "\n",
                    name="--json")
 
 
 def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
-    import subprocess
-
     from qwen38gen.perf import bench_mtp as Mm
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
@@ -938,8 +936,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
               f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")
     if json_out:
-        dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
+        dev = _device_name()
         write_text(json_out, json.dumps(Mm.to_json(cfg, ctx, rows, dev), indent=1) + "\n",
                    name="--json")
 

@@ -61,6 +61,16 @@ def copy_bandwidth(drv, nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
+def copy_bandwidth_alone() -> float:
+    """``copy_bandwidth`` in a context of its own, made and released before the runs' own."""
+    drv = cuda_driver()
+    ctx0 = drv.Device(0).make_context()
+    try:
+        return copy_bandwidth(drv)
+    finally:
+        ctx0.pop()
+
+
 def fill_state(rt: Runtime, ctx: int, seed: int = 1):
     """pos = ctx for every sequence; random KV in the first ctx slots, random state and ring."""
     m = rt.manifest["buffers"]
@@ -163,12 +173,7 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
           progress=None, trace: bool = False,
           tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
-    drv = cuda_driver()
-    ctx0 = drv.Device(0).make_context()
-    try:
-        bw = copy_bandwidth(drv)
-    finally:
-        ctx0.pop()
+    bw = copy_bandwidth_alone()
     rows = []
     for B in batches:
         lanes = Lanes.make(B, pt=1, tuning=tuning)

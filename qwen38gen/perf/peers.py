@@ -31,6 +31,7 @@ the same scales_and_zeros and dequant; the tests check those there.
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 from ..config import ModelConfig
@@ -118,21 +119,17 @@ def gemlite_layer(n: int, k: int, gen, device):
     return lin, (wq, sc, ze)
 
 
-_GEMLITE_CONFIGS = []
-
-
-def _gemlite_configs():
+@functools.cache
+def _gemlite_configs() -> bool:
     """Load GemLite's shipped H100 kernel configs once (sm_90: the H200 too), so that the first
     call of a shape picks a config instead of autotuning."""
-    if _GEMLITE_CONFIGS:
-        return
     import os
 
     import gemlite
     from gemlite import GemLiteLinear
 
     path = os.path.join(os.path.dirname(gemlite.__file__), "configs", "h100.json")
-    _GEMLITE_CONFIGS.append(GemLiteLinear.load_config(path, print_error=False))
+    return GemLiteLinear.load_config(path, print_error=False)
 
 
 def _nbytes(ts) -> int:
@@ -211,7 +208,16 @@ def time_step(peer: _Peer, shapes, B: int, warmup: int, reps: int, gen, device) 
     def step():
         return [peer.layer(xs[k], i) for i, (_, _, k) in enumerate(shapes)]
 
-    side = torch.cuda.Stream()                    # eager warm-up (cuBLAS handles, workspaces)
+    return graph_times(step, warmup, reps)
+
+
+def graph_times(step, warmup: int, reps: int) -> list[float]:
+    """Seconds per replay of ``step`` (torch work) captured as one CUDA graph: two eager calls
+    on a side stream first (cuBLAS handles, workspaces, Triton compiles), then ``warmup``
+    untimed and ``reps`` timed replays, each between two CUDA events."""
+    import torch
+
+    side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 
 from ..config import ModelConfig
+from .peers import available, graph_times, rel_err
 
 LABEL = "fla fused_recurrent_gated_delta_rule (recurrence only)"
 CHECK_TOL = 2e-2
@@ -59,8 +60,6 @@ def check(cfg: ModelConfig, gen, device, B: int = 2) -> float:
     """fla's output and new state against ``reference`` (max error over max |ref|)."""
     import torch
 
-    from .peers import rel_err
-
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
     q, k, v, g, beta = inputs(B, H, HV, dk, dv, gen, device)
@@ -86,35 +85,13 @@ def time_layers(cfg: ModelConfig, B: int, warmup: int, reps: int, gen, device) -
         return [f(q, k, v, g=g, beta=beta, initial_state=s, output_final_state=True,
                   use_qk_l2norm_in_kernel=True) for s in states]
 
-    side = torch.cuda.Stream()                      # eager warm-up: Triton compiles here
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    out = []
-    for i in range(warmup + reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        if i >= warmup:
-            out.append(e0.elapsed_time(e1) / 1e3)
-    del graph, outs, states
-    return out
+    return graph_times(step, warmup, reps)     # the warm-up compiles the Triton kernels
 
 
 def run(cfg: ModelConfig, batches: list[int], warmup: int = 5, reps: int = 30, seed: int = 0,
         progress=None) -> dict:
     """The JSON "delta_rule" object: "ok", "error", "check_err", "rows" [{"batch", "ms",
     "ms_spread"}]; a failure (no fla, a wrong result, out of memory) is reported, not raised."""
-    from .peers import available
-
     r = {"label": LABEL, "layers": len(cfg.linear_layers), "ok": False, "error": None,
          "check_err": None, "rows": []}
     ok, why = available()

@@ -27,9 +27,9 @@ from ..build import build
 from ..config import ModelConfig
 from ..inputs import put_chunk
 from ..lanes import Lanes
-from ..runtime import DeviceFill, Runtime, cuda_driver
+from ..runtime import DeviceFill, Runtime
 from ..tuning import Tuning
-from .bench import copy_bandwidth
+from .bench import copy_bandwidth_alone
 
 __all__ = ["TENSOR_PEAK", "PrefillRow", "prefill_flops", "prefill_floor", "prefill_bench",
            "to_json"]
@@ -95,12 +95,7 @@ def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts:
                   reps: int = 3, progress=None, tuning: Tuning = Tuning(),
                   on_row=None) -> tuple[float, list[PrefillRow]]:
     """``on_row(row)`` as each row is measured (a run cut short keeps what it printed)."""
-    drv = cuda_driver()
-    ctx0 = drv.Device(0).make_context()
-    try:
-        bw = copy_bandwidth(drv)
-    finally:
-        ctx0.pop()
+    bw = copy_bandwidth_alone()
     rng = np.random.default_rng(0)
     rows = []
     for pt in pts:

@@ -75,6 +75,9 @@ class ProgramSlots:
 
     slots: int
     params: list[SamplingParams]
+    _fpar = None      # the host's copy of the program's parameter rows (set_sampling packs them)
+    _upar = None
+    _stale = False    # rows changed since they last went up
 
     def _put(self, name: str, a: np.ndarray) -> None:
         raise NotImplementedError
@@ -92,7 +95,7 @@ class ProgramSlots:
         """The sampling parameters of the request slot took: packed into the slot's row of the
         host's copy of the program's parameter buffers, uploaded (all rows at once) before the
         next sample phase that needs them."""
-        if getattr(self, "_fpar", None) is None:
+        if self._fpar is None:
             self._fpar, self._upar, _ = pack_params(self.params, [0] * self.slots)
         self.params[slot] = params
         f, u, _ = pack_params([params], [0])
@@ -106,7 +109,7 @@ class ProgramSlots:
             return {}
         self._check_positions(positions)
         if any(not self.params[b].greedy for b in positions):
-            if getattr(self, "_stale", False):
+            if self._stale:
                 self._put("samp_fpar", self._fpar)
                 self._put("samp_upar", self._upar.view(np.int32))
                 self._stale = False
