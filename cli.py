@@ -880,6 +880,9 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot
         err.print(f"serve {w.name}: B={r.batch} {r.schedule}: {r.tok_s:,.0f} output tok/s, "
                   f"{r.steps} steps, {r.ms_per_step:.3f} ms/step, TTFT p50 {r.ttft_p50_ms:,.0f} ms",
                   markup=False)
+        if r.phase_ms:   # where the step goes: the GPU's phases timed alone, the rest the host's
+            ph = ", ".join(f"{k} {r.phase_runs[k]}×{v:.3f}" for k, v in r.phase_ms.items())
+            err.print(f"  GPU {r.gpu_ms_per_step:.3f} ms/step ({ph} ms)", markup=False)
 
     rows = []
     with err.status("bench --serve") as st:

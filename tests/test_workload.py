@@ -249,3 +249,26 @@ def test_serve_bench_reports_each_row_as_measured():
     rows = serve_bench(PRESETS["tiny"], [2, 3], workload("short"), 16, n=6, slots=slots,
                        on_row=seen.append)
     assert seen == rows and [r.batch for r in seen] == [2, 3]
+
+
+def test_phase_inputs_fill_the_bucket_they_time():
+    """bench --serve times each prefill bucket with a packed chunk that lands in that bucket:
+    slots of pt prompt tokens and the others riding with one row (the ride schedule's shape)."""
+    from types import SimpleNamespace
+
+    from qwen38gen.plan.program import prefill_buckets
+    from qwen38gen.perf.serve_bench import phase_inputs
+
+    for B, pt, btg in ((7, 16, 7), (16, 16, 8), (64, 16, 8), (3, 4, 3)):
+        put = {}
+        sched = {"prefill_pt": pt, "prefill_buckets": {"rows": prefill_buckets(B, pt, btg)}}
+        rt = SimpleNamespace(B=B, pt=pt, cfg=SimpleNamespace(vocab_size=1024),
+                             manifest={"schedule": sched}, put=lambda n, a: put.__setitem__(n, a))
+        buckets = sched["prefill_buckets"]["rows"]
+        for i, rows in enumerate(buckets):
+            phase = "prefill" if rows == buckets[-1] else f"prefill_r{rows}"
+            phase_inputs(rt, phase)                 # asserts put_chunk chose this phase
+            got = int(put["ntok"].sum())
+            assert got == rows, (B, phase, got)
+        phase_inputs(rt, "decode")
+        assert put["ntok"].tolist() == [1] * B

@@ -18,7 +18,7 @@ Q="python3 -m cli"
   echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   for w in short long; do   # Serving II: tiny after the host trim (version 25's prediction)
     echo "==== bench --serve $w (tiny, B = 7, 16, 64)"
-    timeout 60 $Q bench --model tiny --serve $w --batch 7,16,64 --json "$OUT/serve-tiny-$w.json" 2>&1 | tail -8
+    timeout 60 $Q bench --model tiny --serve $w --batch 7,16,64 --json "$OUT/serve-tiny-$w.json" 2>&1 | grep -v "^\s*$" | tail -24
   done
   echo "==== stream_bench (the persistent design's step 0: wsp r24 is one block per SM)"
   timeout 90 python3 scripts/stream_bench.py run .cache/stream.cubin 2>&1 | tail -30

@@ -60,6 +60,12 @@ class ServeRow:
     acceptance: float | None = None          # mtp: drafts kept / drafts proposed
     tokens_per_verify: float | None = None   # mtp: tokens a slot-verify kept, on average
     implied_tok_s: dict = field(default_factory=dict)   # mtp: α -> output tok/s implied
+    # where a step's time goes (plain program on the GPU): graph replays by phase during the run,
+    # each phase's replay timed alone afterwards (ms), and their sum per step; the rest of
+    # ms_per_step is the host's (scheduling, uploads, the read-back that ends a step)
+    phase_runs: dict = field(default_factory=dict)
+    phase_ms: dict = field(default_factory=dict)
+    gpu_ms_per_step: float | None = None
 
 
 def ms_percentiles(a: np.ndarray) -> tuple[float, float]:
@@ -95,6 +101,48 @@ def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: i
         yield be
         if hasattr(be, "rt"):
             be.rt.stream.synchronize()
+
+
+def typical_position(results) -> int:
+    """A position to time the phases at: the mean of the requests' middle positions."""
+    mids = [len(r.prompt) + len(r.token_ids) // 2 for r in results]
+    return int(np.mean(mids)) if mids else 0
+
+
+def phase_inputs(rt, phase: str) -> None:
+    """Representative inputs of one phase: a packed chunk of exactly the bucket's rows (some slots
+    with pt prompt tokens, the others riding with one row each, as a step of the ride schedule
+    is), every slot decoding, or the sample phase as the run left it."""
+    from ..inputs import put_chunk
+
+    B, pt = rt.B, rt.pt
+    if phase == "decode":
+        rt.put("tokens", np.arange(B, dtype=np.int32) % rt.cfg.vocab_size)
+        rt.put("ntok", np.ones(B, np.int32))
+    elif phase.startswith("prefill"):
+        rows = int(phase[len("prefill_r"):]) if phase.startswith("prefill_r") else B * pt
+        lens = [1] * min(B, rows)                # every slot rides with one row ...
+        extra = rows - len(lens)
+        for b in range(len(lens)):                # ... and some take pt prompt tokens
+            add = min(pt - 1, extra)
+            lens[b] += add
+            extra -= add
+        chunks = [[1] * n for n in lens] + [[]] * (B - len(lens))
+        got = put_chunk(rt.put, rt.manifest["schedule"], chunks)
+        assert got == phase, (got, phase)
+
+
+def time_phases(rt, runs: dict, position: int, reps: int = 20) -> dict:
+    """Milliseconds per graph replay of each phase in ``runs``, timed alone from ``position``
+    (the program's state is left as it is: the run has ended)."""
+    from .timing import time_graph
+
+    out = {}
+    for ph in sorted(runs):
+        phase_inputs(rt, ph)
+        t = time_graph(rt, min(position, rt.tmax - rt.pt - 1), 3, reps, phase=ph)
+        out[ph] = round(1e3 * float(np.median(t)), 4)
+    return out
 
 
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
@@ -139,8 +187,14 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
                     first.setdefault(res.id, now)
                     last[res.id] = now
 
+            runs, phase_ms = getattr(be, "phase_runs", None), {}
+            if runs is not None:
+                runs.clear()
             results = eng.run(reqs, on_step=on_step, arrivals=at)
             sec = time.perf_counter() - eng.t0
+            if runs and hasattr(be, "rt"):
+                runs = dict(runs)
+                phase_ms = time_phases(be.rt, runs, typical_position(results))
         arrive = {r.id: eng.t0 + t for r, t in zip(reqs, at)}
         ttft = np.array([first[r.id] - arrive[r.id] for r in results])
         tpot = np.array([(last[r.id] - first[r.id]) / (len(r.token_ids) - 1)
@@ -152,6 +206,10 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
                        round(s.occupancy, 3), round(s.decode_occupancy, 3),
                        s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
                        *ms_percentiles(ttft), *ms_percentiles(tpot), rate=rate, mtp=mtp)
+        if runs and phase_ms:
+            row.phase_runs, row.phase_ms = runs, phase_ms
+            gpu = sum(n * phase_ms[ph] for ph, n in runs.items())
+            row.gpu_ms_per_step = round(gpu / max(1, s.steps), 3)
         if mtp:
             m = s.busy_tokens / max(1, s.busy_decode)
             row.acceptance = round(s.acceptance, 4)

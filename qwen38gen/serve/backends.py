@@ -15,6 +15,8 @@ no B x V logits come to the host (tests/gpu/test_engine.py covers it on the GPU)
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..errors import UserError
@@ -132,6 +134,7 @@ class RuntimeBackend(ProgramSlots):
         self.vocab = rt.cfg.vocab_size
         self.samples = True
         self.params = [SamplingParams()] * self.slots
+        self.phase_runs: Counter[str] = Counter()   # graph replays by phase (bench --serve)
         rt.reset()
 
     def reset_slot(self, slot: int) -> None:
@@ -141,6 +144,7 @@ class RuntimeBackend(ProgramSlots):
         self.rt.put(name, a)
 
     def _run(self, phase: str) -> None:
+        self.phase_runs[phase] += 1
         self.rt.run_phase(phase)
 
     def _next(self) -> np.ndarray:
@@ -151,11 +155,11 @@ class RuntimeBackend(ProgramSlots):
         return self.rt.get("logits")[:self.slots]
 
     def prefill(self, chunks: list[list[int]]) -> list[np.ndarray | None]:
-        self.rt.run_phase(put_chunk(self.rt.put, self.rt.manifest["schedule"], chunks))
+        self._run(put_chunk(self.rt.put, self.rt.manifest["schedule"], chunks))
         return [None] * self.slots
 
     def decode(self, tokens: list[int | None]) -> None:
         self.rt.put("tokens", np.array([0 if t is None else t for t in tokens], np.int32))
         self.rt.put("ntok", np.array([0 if t is None else 1 for t in tokens], np.int32))
-        self.rt.run_phase("decode")
+        self._run("decode")
         return None
