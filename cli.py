@@ -517,6 +517,7 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
     with be_ctx as be:
         cold["ready_s"] = round(time.perf_counter() - t_cmd, 3)
+        cold.update(S.upload_figures(be))
         eng = S.make_engine(be, S.eos_ids(cfg, tok))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[toks]} tokens"), console=err,

@@ -70,8 +70,8 @@ def put_chunk(put, schedule: dict, chunks: list[list[int]]) -> str:
     return chunk_phase(schedule, max(pk["rows"], 1))
 
 
-def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the packed parts of one fused weight along the row-tile axis.
+def fused_parts(spec: dict, packed: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The packed parts of one fused weight, in row-tile order: (qweights, scales).
 
     ``packed[name] = (qweight, scales_tiled)`` per HF tensor; each part is already padded to a
     multiple of 16 rows, which is what the manifest's row offsets assume.
@@ -82,9 +82,14 @@ def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
         assert q.shape[0] * 16 == -(-rows // 16) * 16, name
         qs.append(q)
         ss.append(s)
-    q, s = np.concatenate(qs), np.concatenate(ss)
-    assert q.shape[0] * 16 == spec["rows"]
-    return q, s
+    assert sum(q.shape[0] for q in qs) * 16 == spec["rows"]
+    return qs, ss
+
+
+def fused_arrays(spec: dict, packed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """One fused weight: its parts concatenated along the row-tile axis (``fused_parts``)."""
+    qs, ss = fused_parts(spec, packed)
+    return np.concatenate(qs), np.concatenate(ss)
 
 
 def pack_weights(cfg: ModelConfig, tensors: dict, mtp: bool = False) -> dict:

@@ -180,9 +180,11 @@ def _read_quant_meta(d: Path) -> dict:
     return meta
 
 
-def load_quantized(out_dir: str | Path,
-                   cfg: ModelConfig | None = None) -> dict[str, "QuantizedTensor | np.ndarray"]:
+def load_quantized(out_dir: str | Path, cfg: ModelConfig | None = None,
+                   mapped: bool = False) -> dict[str, "QuantizedTensor | np.ndarray"]:
     """Read a quantized checkpoint: HF name -> ``QuantizedTensor`` (linear weights) or array.
+    ``mapped``: the arrays are read-only views of the files (``CheckpointReader.mapped``), read
+    when touched (run's GPU backend uploads them straight from the pages).
 
     Checks ``quantization.json`` and that every tensor of the config (``out_dir/config.json``
     unless ``cfg`` is given) is present with the right shape; MTP tensors are required when any
@@ -195,6 +197,7 @@ def load_quantized(out_dir: str | Path,
     if cfg is None:
         cfg = load_config(d)
     r = CheckpointReader(d)
+    get = r.mapped if mapped else r.get
     have = set(r.names())
     shapes = cfg.tensor_shapes(mtp=True)
     has_mtp = any(n.startswith("mtp.") for n in have)
@@ -211,7 +214,7 @@ def load_quantized(out_dir: str | Path,
             if shape != tuple(want):
                 raise UserError(f"quantized checkpoint {str(d)!r}: tensor {n!r} has shape "
                                 f"{list(shape)}, expected {list(want)}")
-            qt = QuantizedTensor(r.get(keys[0]), r.get(keys[1]), shape)
+            qt = QuantizedTensor(get(keys[0]), get(keys[1]), shape)
             try:  # the packed arrays must fit the shape
                 check_packed(qt.qweight, qt.scales, shape)
             except UserError as e:
@@ -223,7 +226,7 @@ def load_quantized(out_dir: str | Path,
             if r.shape(n) != tuple(want):
                 raise UserError(f"quantized checkpoint {str(d)!r}: tensor {n!r} has shape "
                                 f"{list(r.shape(n))}, expected {list(want)}")
-            out[n] = r.get(n)
+            out[n] = get(n)
     return out
 
 

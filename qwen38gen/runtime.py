@@ -18,9 +18,10 @@ from . import launch
 from .compare import nonfinite_where
 from .config import ModelConfig
 from .errors import UserError
-from .inputs import fused_arrays, pack_weights, put_chunk
+from .inputs import fused_parts, pack_weights, put_chunk
 from .manifest import check_format
 from .plan.program import resolve_shape
+from .upload import Upload
 from .weights import BF16
 
 DT = {"bfloat16": BF16, "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
@@ -58,6 +59,22 @@ def _host(arr: np.ndarray) -> np.ndarray:
     """Contiguous bytes PyCUDA can copy (it cannot buffer ml_dtypes' bfloat16: view as uint16)."""
     a = np.ascontiguousarray(arr)
     return a.view(np.uint16) if a.dtype == BF16 else a
+
+
+def weight_parts(manifest: dict, packed: dict) -> list[tuple[tuple, list[np.ndarray]]]:
+    """What Runtime uploads for the weights, in order: (key, arrays whose bytes follow one
+    another in that device buffer): each fused weight's qweight and scales parts, then the other
+    tensors in the program's dtype (as they are where the dtype already matches)."""
+    todo = []
+    for name, spec in manifest["weights"].items():
+        qs, ss = fused_parts(spec, packed)
+        todo += [(("w", name, "qweight"), qs), (("w", name, "scales"), ss)]
+    for name, dt in manifest["tensors"].items():
+        a = packed[name]
+        if np.asarray(a).dtype != DT[dt]:
+            a = np.asarray(a, dtype=np.float32).astype(DT[dt])
+        todo.append((("t", name), [a]))
+    return todo
 
 
 class _Graphs:
@@ -162,6 +179,7 @@ class Runtime:
                     fn = self.mod.get_function(name)
                     allow_dynamic_smem(fn, k["smem"])
                     self.fns[name] = fn
+            self.upload = None    # the staged upload's stats (upload.py), where weights went up
             if isinstance(tensors, DeviceFill):
                 self._fill = _fill_module()
                 self._alloc_filled(tensors.seed)
@@ -182,20 +200,22 @@ class Runtime:
 
     # ----------------------------------------------------------------------- memory
     def _alloc(self, packed: dict):
+        """The weights to the GPU by the staged upload (upload.py): each fused weight's parts
+        to their offsets, straight from the arrays (mapped files stay unread until copied)."""
         drv, man = self.drv, self.manifest
         self.mem: dict[str, object] = {}   # keep allocations alive
         self.ptr: dict[tuple, int] = {}
-        for name, spec in man["weights"].items():
-            q, s = fused_arrays(spec, packed)
-            for part, arr in (("qweight", q), ("scales", s)):
-                g = drv.to_device(_host(arr))
-                self.mem[("w", name, part)] = g
-                self.ptr[("w", name, part)] = int(g)
-        for name, dt in man["tensors"].items():
-            arr = np.asarray(packed[name], dtype=np.float32).astype(DT[dt])
-            g = drv.to_device(_host(arr))
-            self.mem[("t", name)] = g
-            self.ptr[("t", name)] = int(g)
+        todo = weight_parts(man, packed)
+        up = Upload(drv, self.stream, sum(a.nbytes for _, arrs in todo for a in arrs))
+        try:
+            for key, arrs in todo:
+                g = drv.mem_alloc(max(16, sum(a.nbytes for a in arrs)))
+                self.mem[key], self.ptr[key] = g, int(g)
+                off = 0
+                for a in arrs:
+                    off += up.copy(int(g) + off, a)
+        finally:
+            self.upload = up.finish()
 
     def fill(self, g, n: int, dtype: str, seed: int, lo: float = 0.0, hi: float = 1.0):
         """Fill n elements at device pointer g with seeded uniform values (u32: random bits)."""

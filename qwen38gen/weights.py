@@ -318,6 +318,11 @@ class CheckpointReader:
         """The name ``name`` has inside the checkpoint's files."""
         return self._entry(name)[3]
 
+    def mapped(self, name: str) -> np.ndarray:
+        """A read-only view of the tensor's bytes in its shard, mapped, not read (mapped.py)."""
+        from .mapped import map_tensor
+        return map_tensor(self, name)
+
     def get(self, name: str) -> np.ndarray:
         fp, _, _, key = self._entry(name)
         try:

@@ -136,3 +136,42 @@ def test_prompt_longer_than_the_context_and_mtp(tmp_path):
     assert_user_error(*run("--batch", "2", "--mtp", "2", "--ctx", "262141", "--prompts", reqs),
                       r"^error: --ctx 262141 must be in 1\.\.262140 with --mtp 2$")
     assert not o.exists()
+
+
+def test_cold_start_line_gives_the_upload_and_its_bound():
+    """A folder's weights uploaded by the staged copy: the line gives the bytes, the time, the
+    host's reading and the wait on copies, and (above 256 MiB) the bandwidth alone and the
+    bound it gives; a quantized folder is mapped for the gpu backend only."""
+    from types import SimpleNamespace
+
+    from qwen38gen.serve.run import cold_start_line, upload_figures
+
+    c = {"first_token_s": 9.5, "weights": "read from q27", "weights_s": 0.05, "where": "GPU",
+         "ready_s": 7.25, "upload": {"bytes": 14_200_000_000, "seconds": 6.1, "fill_s": 5.8,
+                                     "wait_s": 0.2, "copies": 212, "h2d_gbs": 24.1, "bound_s": 5.8}}
+    line = cold_start_line(c)
+    assert "the weights' upload 6.10 s: 14.20 GB at 2.3 GB/s, the host reading them 5.80 s" in line
+    assert "host to device alone 24.1 GB/s, so the upload's bound is 5.80 s)" in line
+    del c["upload"]
+    assert cold_start_line(c).endswith("on the GPU: 7.25 s)")
+    small = SimpleNamespace(rt=SimpleNamespace(upload={"bytes": 1000, "seconds": 0.01,
+                                                       "fill_s": 0.0, "wait_s": 0.0, "copies": 1}))
+    assert upload_figures(small) == {"upload": small.rt.upload}     # no bandwidth run below 256 MiB
+    assert upload_figures(SimpleNamespace()) == {}
+
+
+def test_a_quantized_folder_is_mapped_for_the_gpu_backend(tmp_path):
+    import numpy as np
+
+    from qwen38gen import quantize as qz
+    from qwen38gen import weights as wt
+    from qwen38gen.config import PRESETS
+    from qwen38gen.serve.run import backend_tensors
+
+    tiny = PRESETS["tiny"]
+    wt.save_checkpoint(tiny, wt.synthetic_weights(tiny, seed=2), tmp_path / "ck")
+    q = qz.quantize_checkpoint(tmp_path / "ck", tmp_path / "q")
+    for backend, mapped in (("gpu", True), ("reference", False), ("emu", False)):
+        t = backend_tensors(tiny, q, 0, False, backend)
+        qw = next(v for v in t.values() if isinstance(v, qz.QuantizedTensor)).qweight
+        assert isinstance(qw, np.memmap) == mapped, backend

@@ -10,6 +10,7 @@ from qwen38gen.config import PRESETS
 from qwen38gen.errors import UserError
 from qwen38gen import quantize as qz
 from qwen38gen import weights as wt
+from qwen38gen.mapped import safetensors_offsets
 from qwen38gen.weights import BF16
 
 TINY = PRESETS["tiny"]
@@ -519,3 +520,39 @@ def test_tied_checkpoint_reads_lm_head_from_the_embedding(tmp_path):
     assert "lm_head.weight" not in wt.CheckpointReader(tmp_path / "c")
     got = wt.load_checkpoint(tmp_path / "c", cfg, mtp=False)
     assert np.array_equal(got["lm_head.weight"], t["model.language_model.embed_tokens.weight"])
+
+
+def test_mapped_views_equal_the_tensors_read(tiny_ckpt, tiny_quant):
+    """CheckpointReader.mapped (run's GPU upload reads through it) gives every tensor's bytes,
+    dtype and shape as get() reads them, read-only; a header that does not fit its file is an
+    error naming the tensor."""
+    for folder in (tiny_ckpt, tiny_quant[0]):
+        r = wt.CheckpointReader(folder)
+        for n in r.names():
+            a, m = r.get(n), r.mapped(n)
+            assert m.dtype == a.dtype and m.shape == a.shape, n
+            assert np.array_equal(m.view(np.uint8), a.view(np.uint8)), n
+            assert not m.flags.writeable
+    mq = qz.load_quantized(tiny_quant[0], TINY, mapped=True)
+    rq = qz.load_quantized(tiny_quant[0], TINY)
+    for n, v in rq.items():
+        if isinstance(v, qz.QuantizedTensor):
+            assert np.array_equal(mq[n].qweight, v.qweight) and mq[n].shape == v.shape
+            assert np.array_equal(mq[n].scales.view(np.uint16), v.scales.view(np.uint16))
+        else:
+            assert np.array_equal(np.asarray(mq[n]).view(np.uint8), v.view(np.uint8)), n
+
+
+def test_mapped_view_of_a_truncated_shard_is_an_error(tmp_path, tiny_ckpt):
+    import shutil
+
+    d = tmp_path / "cut"
+    shutil.copytree(tiny_ckpt, d)
+    r = wt.CheckpointReader(d)
+    shard = r._entry(r.names()[0])[0]
+    base, offs = safetensors_offsets(shard)
+    last = max(offs, key=lambda k: offs[k][3])          # the tensor at the end of the shard
+    name = next(n for n in r.names() if r.stored_name(n) == last)
+    shard.write_bytes(shard.read_bytes()[:-64])     # cut after the reader checked it
+    with pytest.raises(UserError, match=f"cannot map tensor {name!r}"):
+        r.mapped(name)

@@ -56,9 +56,10 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int,
 
 
 def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int,
-                  mtp: bool = False) -> dict:
+                  mtp: bool = False, mapped: bool = False) -> dict:
     """The weights the backend starts from: a checkpoint folder, or seeded synthetic (with the
-    MTP layer's for an mtp program)."""
+    MTP layer's for an mtp program). ``mapped``: a quantized folder's arrays are views of its
+    files, read as the GPU upload copies them (upload.py)."""
     from ..quantize import QUANT_JSON, load_any, load_quantized
     from ..weights import default_tensors
 
@@ -67,7 +68,7 @@ def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int,
     if not Path(weights_dir).is_dir():
         raise UserError(f"weights folder {str(weights_dir)!r} does not exist or is not a folder")
     if (Path(weights_dir) / QUANT_JSON).exists():
-        return load_quantized(weights_dir, cfg)
+        return load_quantized(weights_dir, cfg, mapped=mapped)
     return load_any(weights_dir, cfg)
 
 
@@ -85,7 +86,7 @@ def backend_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int, mtp: 
         from ..runtime import DeviceFill
 
         return DeviceFill(seed=seed)
-    return float_tensors(cfg, weights_dir, seed, mtp=mtp)
+    return float_tensors(cfg, weights_dir, seed, mtp=mtp, mapped=backend == "gpu")
 
 
 def reference_backend(cfg: ModelConfig, tensors: dict, slots: int, chunk: int, ctx: int):
@@ -163,7 +164,9 @@ def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: 
     """The run's figures (`--json`, and the closing line). ``cold_start``: seconds from the
     command's start to the weights on the host (``weights_s``), to the backend ready (program
     built, weights on the device: ``ready_s``) and to the first token chosen (``first_token_s``),
-    and where the weights came from (``weights``)."""
+    where the weights came from (``weights``), and for weights uploaded from the host the staged
+    upload's figures (``upload``: upload.Upload.stats(), with ``h2d_gbs`` and ``bound_s``, the
+    slower of reading and copying at that bandwidth, above 256 MiB)."""
     s = max(seconds, 1e-9)
     return {"format": FORMAT + "-summary", "version": VERSION, "model": cfg.name,
             "config_hash": cfg.hash, "backend": backend, "lane": lane,
@@ -173,10 +176,42 @@ def summary(stats: Stats, seconds: float, cfg: ModelConfig, backend: str, lane: 
             **stats.as_dict(), "cold_start": cold_start}
 
 
+H2D_MIN_BYTES = 256 << 20   # uploads this large get the host-to-device bandwidth measured beside
+
+
+def upload_figures(backend) -> dict:
+    """``{"upload": ...}`` for a backend whose weights went up by the staged upload, else {}.
+    Above ``H2D_MIN_BYTES`` a pinned copy of that size is timed alone after the upload (a tenth
+    of a second, counted in the first token's time) and the upload's bound is the slower of the
+    host's reading and the bytes at that bandwidth."""
+    rt = getattr(backend, "rt", None)
+    u = getattr(rt, "upload", None)
+    if not u:
+        return {}
+    u = dict(u)
+    if u["bytes"] >= H2D_MIN_BYTES:
+        from ..upload import h2d_bandwidth
+
+        bw = h2d_bandwidth(rt.drv, rt.stream, H2D_MIN_BYTES)
+        u["h2d_gbs"] = round(bw / 1e9, 2)
+        u["bound_s"] = round(max(u["fill_s"], u["bytes"] / bw), 3)
+    return {"upload": u}
+
+
 def cold_start_line(c: dict) -> str:
-    return (f"Cold start: first token {c['first_token_s']:.2f} s after the command (weights "
+    line = (f"Cold start: first token {c['first_token_s']:.2f} s after the command (weights "
             f"{c['weights']}: {c['weights_s']:.2f} s; program and weights on the "
-            f"{c['where']}: {c['ready_s']:.2f} s)")
+            f"{c['where']}: {c['ready_s']:.2f} s")
+    u = c.get("upload")
+    if u:   # the staged upload (upload.py): where its time went, beside what PCIe allows
+        gb = u["bytes"] / 1e9
+        line += (f", of which the weights' upload {u['seconds']:.2f} s: {gb:.2f} GB at "
+                 f"{gb / max(u['seconds'], 1e-9):.1f} GB/s, the host reading them "
+                 f"{u['fill_s']:.2f} s, waiting on the copies {u['wait_s']:.2f} s")
+        if u.get("h2d_gbs"):
+            line += (f"; host to device alone {u['h2d_gbs']:.1f} GB/s, so the upload's bound "
+                     f"is {u['bound_s']:.2f} s")
+    return line + ")"
 
 
 def summary_line(d: dict) -> str:
