@@ -823,7 +823,8 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
     if serve:
         if len(pt) != 1:
             raise UserError(f"--pt {pts!r}: --serve runs one prefill chunk width")
-        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp, plot_out)
+        _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp, plot_out,
+                     tuning)
         return
     if prefill:
         _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning)
@@ -863,17 +864,19 @@ def _device_name() -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None):
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None,
+                 tuning=None):
     """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
     from qwen38gen.perf import serve_bench as Sb
     from qwen38gen.serve.workload import arrival_times, requests, workload
+    from qwen38gen.tuning import Tuning
 
     w = workload(name)
     requests(w, cfg.vocab_size, 0, n)            # a bad --requests fails here, before the GPU
     arrival_times(1, rate)                       # a bad --rate
-    Lanes.make(max(bs), pt=pt, mtp=mtp)          # and a bad --pt or --mtp
+    Lanes.make(max(bs), pt=pt, mtp=mtp, tuning=tuning or Tuning())   # a bad --pt or --mtp
     if mtp and schedule != "ride":
         raise UserError("--schedule goes with the plain program; under --mtp decoding slots "
                         "wait behind prefill chunks")
@@ -889,7 +892,7 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot
     with err.status("bench --serve") as st:
         for ride in {"ride": (True,), "wait": (False,), "both": (False, True)}[schedule]:
             rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m),
-                                   rate=rate, mtp=mtp, on_row=row)
+                                   rate=rate, mtp=mtp, on_row=row, tuning=tuning)
     out.print(R.serve_table(cfg, w.describe(), rows))
     if mtp:
         out.print(R.serve_mtp_table(rows, Sb.ALPHAS))

@@ -667,3 +667,19 @@ def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
     plan.entry(wgmma_entry(6144, 24, 1, 1, 1, 2, 8, 3, 1, 0, resident=5))  # where it needs five
     plan.entry(a)
     assert [x.resident for x in plan.entries] == [5]
+
+
+def test_multi_tile_changes_only_the_multi_row_gemvs():
+    """Tuning.multi_tile: prefill chunks (more rows than the lane's btg) run gemv_q4 in that
+    tile; the decode step, and a chunk of at most btg rows, are launched as before."""
+    from qwen38gen.config import load_config
+    from qwen38gen.lanes import Lanes
+    from qwen38gen.tuning import Tuning
+
+    cfg = load_config("qwen3.8-27b")
+    base = emit_program(cfg, Lanes.make(16, pt=64)).manifest["schedule"]
+    wide = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=32))).manifest["schedule"]
+    assert wide["decode"] == base["decode"] and wide["prefill_r16"] == base["prefill_r16"]
+    tiles = {L["btg"] for L in wide["prefill"] if "weight" in L and L["weight"] != "lm_head"}
+    assert tiles == {32} and {L["btg"] for L in base["prefill"] if "weight" in L} == {16}
+    assert any(L["grid"][1] == 1024 // 32 for L in wide["prefill"] if "weight" in L)

@@ -43,6 +43,19 @@ PART=${PART:-serve}
     echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
     timeout 200 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
       --json "$OUT/serve-27b-realistic.json" --plot "$OUT/serve-27b-realistic.png" 2>&1 | tail -8
+  elif [ "$PART" = sample ]; then
+    echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
+    timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
+    for t in "" "--tune multi_tile=32"; do
+      echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(the table's tile)}"
+      timeout 100 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
+        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | tail -6
+    done
+    for t in "" "--tune multi_tile=32"; do
+      echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B) ${t:-(the table's tile)}"
+      timeout 150 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 $t \
+        --json "$OUT/serve-27b-realistic${t:+-mt32}.json" 2>&1 | grep -E '^serve|GPU' | tail -4
+    done
   else
     echo "==== stream_bench (the persistent design's step 0: wsp r24 is one block per SM)"
     timeout 100 python3 scripts/stream_bench.py run .cache/stream.cubin 2>&1 | tail -30
@@ -57,3 +70,10 @@ PART=${PART:-serve}
     done
   fi
 } 2>&1 | tee "$OUT/v27-$PART.log"
+# PART=sample (a call of its own, after VERIFY=tests PYTEST_FILES="tests/gpu/test_sampling.py
+# tests/gpu/test_engine.py tests/gpu/test_serve_lock.py" in the same call): the sampler's 32-bit
+# histogram sums against version 26's, and Tuning.multi_tile (prefill chunks' GEMVs in 32-row
+# tiles) against the table's tile. CPU first, besides the header's:
+#   python scripts/sample_ab.py build .cache/sample_ab.cubin --old HEAD~1   (HEAD~1: the sampler before)
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune multi_tile=32 tiny:3:pt8 \
+#     qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..lanes import Lanes
+from ..tuning import Tuning
 from ..serve.run import default_ctx, make_engine
 from ..serve.workload import Workload, arrival_times, requests
 
@@ -93,11 +95,12 @@ def gpu_weights(cfg: ModelConfig, mtp: bool = False):
 
 
 @contextmanager
-def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: int = 0):
+def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: int = 0,
+              tuning=None):
     """The emitted program's B slots on the GPU (RuntimeBackend, or run --mtp's spec backend)."""
     from ..serve.run import gpu_backend
 
-    with gpu_backend(cfg, Lanes.make(B, pt=pt, mtp=mtp), tensors, ctx) as be:
+    with gpu_backend(cfg, Lanes.make(B, pt=pt, mtp=mtp, tuning=tuning or Tuning()), tensors, ctx) as be:
         yield be
         if hasattr(be, "rt"):
             be.rt.stream.synchronize()
@@ -147,20 +150,21 @@ def time_phases(rt, runs: dict, position: int, reps: int = 20) -> dict:
 
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
                 seed: int = 0, ride: bool = True, progress=lambda m: None,
-                slots=None, rate: float = 0.0, mtp: int = 0, on_row=None) -> list[ServeRow]:
+                slots=None, rate: float = 0.0, mtp: int = 0, on_row=None,
+                tuning=None) -> list[ServeRow]:
     """The workload at each B; ``slots(cfg, B, pt, tensors, ctx, mtp)``: a context manager
-    giving the backend (default ``gpu_slots``; the tests pass a CPU one); ``on_row(row)`` as each
-    B is measured."""
+    giving the backend (default ``gpu_slots``, with ``tuning``; the tests pass a CPU one);
+    ``on_row(row)`` as each B is measured."""
     if slots is None:
         from ..runtime import cuda_driver
 
         cuda_driver()
-        slots = gpu_slots
+        slots = partial(gpu_slots, tuning=tuning)
     reqs = requests(w, cfg.vocab_size, seed, n)
     at = arrival_times(len(reqs), rate, seed)
     warm = requests(w, cfg.vocab_size, seed + 1, 8)
     ctx = max(default_ctx(reqs), default_ctx(warm))
-    tensors = gpu_weights(cfg, bool(mtp)) if slots is gpu_slots else {}
+    tensors = gpu_weights(cfg, bool(mtp)) if isinstance(slots, partial) else {}
     rows = []
     for B in batches:
         progress(f"serve {w.name} B={B}: build")

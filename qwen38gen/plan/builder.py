@@ -60,6 +60,14 @@ class ScheduleBuilder:
         small = sk_small_launch(role, self.btg, self.tuning)
         return self.btg // 8 if (wl and wl[5]) or small else 0
 
+    def row_tile(self, wname: str, R: int) -> int:
+        """gemv_q4's batch tile for wname over R rows: gemv_tile's, or Tuning.multi_tile where R
+        is more than the lane's btg (a prefill chunk or verify pass: fewer weight passes and
+        unpackings per row). A row's bits do not depend on the tile (gemv_q4's NT)."""
+        t = gemv_tile(self.role(wname), self.btg)
+        mt = self.tuning.multi_tile
+        return mt if mt is not None and R > self.btg else t
+
     def tensor_launch(self, wname: str, R: int, xt: bool = False):
         """(wgmma_q4 config, gemm_q4 config) of this weight over R rows, at most one of them set;
         both None where gemv_q4 serves it."""
@@ -123,7 +131,7 @@ class ScheduleBuilder:
             return {"k": e.name, "grid": [gx, gy, zs],
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")],
                     **self._gemv_fields(wname, epi, btg // 8 if xt_ else 0, btg)}
-        tile = gemv_tile(role, btg)
+        tile = self.row_tile(wname, R)
         mt, st, xs, a = gemv_config(role, n_out, tile, self.arch)
         zs = gemv_split(n_out, k, mt, tile, R, self.tuning, self.arch)
         e = self.plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a, zs=zs))
@@ -162,12 +170,12 @@ class ScheduleBuilder:
             return [self.norm_to_h(wnorm, R, btg // 8),
                     self.sk_gemv(gu, sk, EPI_SWIGLU, args, up=up_off),
                     self.gemv(down, "act", "x", H, R, EPI_ADD, xt=True)]
-        if not (fuse and swiglu_fuses(btg, R) and self.tensor_launch(gu, R) == (None, None)
+        tile = self.row_tile(gu, R)
+        if not (fuse and swiglu_fuses(tile, R) and self.tensor_launch(gu, R) == (None, None)
                 and not self.tiled_input(gu, R) and not self.tiled_input(down, R)):
             return (self.normed_gemv(wnorm, gu, "gu", 2 * F, R)
                     + self.swiglu_down(down, R))
         assert up_off % 16 == 0 and n_out == 2 * up_off, w
-        tile = gemv_tile(self.role(gu), btg)
         st, xs, a = gemv_swiglu_config(tile)
         e = self.plan.entry(gemv_entry(k, tile, EPI_SWIGLU, 2, st, xs, a, ms=up_off // 16))
         return [self.norm_to_h(wnorm, R),

@@ -76,17 +76,21 @@ def test_sample_phase_is_the_twin():
             be.decode([got[b] for b in range(B)])
 
 
-def test_a_row_is_the_same_in_a_chunk_and_in_a_decode_step():
+@pytest.mark.parametrize("multi_tile", [None, 32])
+def test_a_row_is_the_same_in_a_chunk_and_in_a_decode_step(multi_tile):
     """What lets decoding slots ride in prefill chunks (serve/engine.py): one sequence of 12
     tokens fed (a) as prefill chunks of 8 and 4, (b) one token per decode step, other slots
     idle, and (c) one token per prefill chunk beside another slot's 8-token prompt chunks gives
     bitwise the same logits row after every token ((b) and (c)), the same final row ((a)) and the
-    same recurrent state and conv ring."""
+    same recurrent state and conv ring. multi_tile 32: the chunks' GEMVs run in 32-row tiles,
+    the decode steps' in the lane's 8 (Tuning.multi_tile: the tile must not change a bit)."""
+    from qwen38gen.tuning import Tuning
+
     cfg, B = PRESETS["tiny"], 3
     rng = np.random.default_rng(11)
     seq = [int(t) for t in rng.integers(0, cfg.vocab_size, 12)]
     other = [int(t) for t in rng.integers(0, cfg.vocab_size, 8 * 12)]
-    cubin, man = build(cfg, Lanes.make(B, pt=PT))
+    cubin, man = build(cfg, Lanes.make(B, pt=PT, tuning=Tuning(multi_tile=multi_tile)))
     bits = lambda a: np.ascontiguousarray(a).view(np.uint8)
 
     def state(rt, b):
