@@ -48,6 +48,10 @@ PART=${PART:-serve}
     timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
     echo "==== bench --model tiny --batch 7,64 --trace (where the tiny B = 64 step's fixed cost goes)"
     timeout 60 $Q bench --model tiny --batch 7,64 --trace --json "$OUT/bench-tiny-trace.json" 2>&1 | tail -60
+    for t in "" "--tune wgmma_sk=off"; do
+      echo "==== bench --serve short --batch 64 (tiny) ${t:-(the table)}"
+      timeout 40 $Q bench --model tiny --serve short --batch 64 $t 2>&1 | grep -E '^serve|GPU'
+    done
     for t in "" "--tune multi_tile=32"; do
       echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(the table's tile)}"
       timeout 100 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
@@ -80,3 +84,4 @@ PART=${PART:-serve}
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune multi_tile=32 tiny:3:pt8 \
 #     qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py tiny:7:t tiny:64:t tiny:7 tiny:64
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune wgmma_sk=off tiny:64:pt16
