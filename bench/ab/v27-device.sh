@@ -46,21 +46,19 @@ PART=${PART:-serve}
   elif [ "$PART" = sample ]; then
     echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
     timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
+    for t in "" "--tune multi_tile=32"; do
+      echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
+      timeout 70 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
+        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill|ms' | tail -4
+    done
+    echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
+    timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
+      --json "$OUT/serve-27b-realistic.json" 2>&1 | grep -E '^serve|GPU' | tail -4
     echo "==== bench --model tiny --batch 7,64 --trace (where the tiny B = 64 step's fixed cost goes)"
-    timeout 60 $Q bench --model tiny --batch 7,64 --trace --json "$OUT/bench-tiny-trace.json" 2>&1 | tail -60
+    timeout 40 $Q bench --model tiny --batch 7,64 --trace --json "$OUT/bench-tiny-trace.json" 2>&1 | tail -60
     for t in "" "--tune wgmma_sk=off"; do
       echo "==== bench --serve short --batch 64 (tiny) ${t:-(the table)}"
-      timeout 40 $Q bench --model tiny --serve short --batch 64 $t 2>&1 | grep -E '^serve|GPU'
-    done
-    for t in "" "--tune multi_tile=32"; do
-      echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(the table's tile)}"
-      timeout 100 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
-        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | tail -6
-    done
-    for t in "" "--tune multi_tile=32"; do
-      echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B) ${t:-(the table's tile)}"
-      timeout 150 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 $t \
-        --json "$OUT/serve-27b-realistic${t:+-mt32}.json" 2>&1 | grep -E '^serve|GPU' | tail -4
+      timeout 30 $Q bench --model tiny --serve short --batch 64 $t 2>&1 | grep -E '^serve|GPU'
     done
   else
     echo "==== stream_bench (the persistent design's step 0: wsp r24 is one block per SM)"
