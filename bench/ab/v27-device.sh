@@ -49,7 +49,7 @@ PART=${PART:-serve}
     for t in "" "--tune multi_tile=32"; do
       echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
       timeout 70 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
-        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill|ms' | tail -4
+        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
     done
     echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
     timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
