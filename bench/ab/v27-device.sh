@@ -43,6 +43,14 @@ PART=${PART:-serve}
     echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
     timeout 200 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
       --json "$OUT/serve-27b-realistic.json" --plot "$OUT/serve-27b-realistic.png" 2>&1 | tail -8
+  elif [ "$PART" = short ]; then   # what PART=sample decides first, in under four minutes
+    echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
+    timeout 50 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
+    for t in "" "--tune multi_tile=32"; do
+      echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
+      timeout 60 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
+        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
+    done
   elif [ "$PART" = sample ]; then
     echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
     timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
