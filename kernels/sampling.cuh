@@ -17,7 +17,8 @@
 //   2  top_k: tau_k by a radix select over bf16's order-preserving 16-bit keys (high byte, then
 //      low byte of the candidates in that bin; 256 shared counters).
 //   3  weights w = floor(e · 2^32) of the candidates summed per high byte (exact integer sums by
-//      32-bit shared atomics, so the order of the adds does not matter): W, and with top_p the same select
+//      shared atomics, 64-bit or, SPLIT = 1, two 32-bit ones with a carry, so the order of the
+//      adds does not matter): W, and with top_p the same select
 //      over weight sums finds the nucleus edge (a 4th pass for the low byte).
 //   4  the draw, r = floor(U · W' / 2^64): each warp sums its contiguous slice of the row, and
 //      the warp whose slice holds r scans it 32 vectors at a time to the token.
@@ -123,9 +124,9 @@ __device__ __forceinline__ void suffix_select(const unsigned long long* hist,
 }
 
 // a into the 64-bit sum hi:lo by 32-bit shared atomics (native; a 64-bit shared atomicAdd is a
-// compare-and-swap loop, which a row's few hot bins turned into milliseconds: version 27). a <=
+// compare-and-swap loop, which a row's few hot bins may turn into milliseconds: version 27). a <=
 // 2^32: its low word is added to lo, and the thread whose add wrapped lo carries one into hi,
-// so hi·2^32 + lo is the exact sum in any order.
+// so hi·2^32 + lo is the exact sum in any order. Used where SPLIT = 1 (Tuning.sample_split).
 __device__ __forceinline__ void add_u64_split(uint32_t* lo, uint32_t* hi, unsigned long long a) {
   const uint32_t al = (uint32_t)a;
   uint32_t c = (uint32_t)(a >> 32);
@@ -138,14 +139,19 @@ __device__ __forceinline__ void add_u64_split(uint32_t* lo, uint32_t* hi, unsign
 
 // hist[256] over a row: amount(bits, key) of each element (its key out) added at the key's high
 // byte (level 0), or, among the keys whose high byte is hi, at its low byte (level 1); zero
-// amounts are skipped. Integer sums (add_u64_split into the 32-bit halves part[0..511], then
-// joined into hist), so the order of the adds does not matter. The top_k count (amount 1) and
+// amounts are skipped. Integer sums, so the order of the adds does not matter: 64-bit shared
+// atomics into hist (SPLIT = 0), or add_u64_split into the 32-bit halves part[0..511], then
+// joined into hist (SPLIT = 1); the same integers either way. The top_k count (amount 1) and
 // the candidate weights (SampleRow::weight) both build theirs here.
-template <int NT, int NV, typename Amount>
+template <int NT, int NV, int SPLIT, typename Amount>
 __device__ __forceinline__ void key_histogram(const uint4* __restrict__ row,
                                               unsigned long long* hist, uint32_t* part, int level,
                                               uint32_t hi, Amount amount) {
-  for (int i = threadIdx.x; i < 512; i += NT) part[i] = 0u;
+  if constexpr (SPLIT) {
+    for (int i = threadIdx.x; i < 512; i += NT) part[i] = 0u;
+  } else {
+    for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0ull;
+  }
   __syncthreads();
   for (int v = threadIdx.x; v < NV; v += NT) {
     uint32_t b[8];
@@ -155,17 +161,24 @@ __device__ __forceinline__ void key_histogram(const uint4* __restrict__ row,
       uint32_t k;
       const unsigned long long a = amount(b[e], k);
       if (a == 0ull) continue;
-      if (level == 0) add_u64_split(part + (k >> 8), part + 256 + (k >> 8), a);
-      else if ((k >> 8) == hi) add_u64_split(part + (k & 255u), part + 256 + (k & 255u), a);
+      if constexpr (SPLIT) {
+        if (level == 0) add_u64_split(part + (k >> 8), part + 256 + (k >> 8), a);
+        else if ((k >> 8) == hi) add_u64_split(part + (k & 255u), part + 256 + (k & 255u), a);
+      } else {
+        if (level == 0) atomicAdd(&hist[k >> 8], a);
+        else if ((k >> 8) == hi) atomicAdd(&hist[k & 255u], a);
+      }
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += NT)
-    hist[i] = ((unsigned long long)part[256 + i] << 32) | part[i];
-  __syncthreads();
+  if constexpr (SPLIT) {
+    for (int i = threadIdx.x; i < 256; i += NT)
+      hist[i] = ((unsigned long long)part[256 + i] << 32) | part[i];
+    __syncthreads();
+  }
 }
 
-template <int V>
+template <int V, int SPLIT = 0>
 __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
                                             const float* __restrict__ fpar,
                                             const uint32_t* __restrict__ upar,
@@ -174,7 +187,7 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
   constexpr int NVW = (NV + NW - 1) / NW;  // vectors per warp slice in the draw
   static_assert(V % 8 == 0, "sample_rows: V must be a multiple of 8");
   __shared__ unsigned long long hist[256];
-  __shared__ uint32_t part[512];  // key_histogram's 32-bit halves
+  __shared__ uint32_t part[SPLIT ? 512 : 1];  // key_histogram's 32-bit halves (SPLIT)
   __shared__ unsigned long long sel[2];
   __shared__ unsigned long long wsum[NW];
   __shared__ float sv[NW];
@@ -219,7 +232,7 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
     unsigned long long need = (unsigned long long)top_k;
     for (int level = 0; level < 2; ++level) {
       const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
-      key_histogram<NT, NV>(row, hist, part, level, hi, [](uint32_t bits, uint32_t& k) {
+      key_histogram<NT, NV, SPLIT>(row, hist, part, level, hi, [](uint32_t bits, uint32_t& k) {
         k = bf16_key(bits);
         return 1ull;
       });
@@ -237,7 +250,7 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
   unsigned long long need = 0, above = 0;
   for (int level = 0; level < (nucleus ? 2 : 1); ++level) {
     const uint32_t hi = level ? (uint32_t)sel[0] : 0u;
-    key_histogram<NT, NV>(row, hist, part, level, hi,
+    key_histogram<NT, NV, SPLIT>(row, hist, part, level, hi,
                           [&R](uint32_t bits, uint32_t& k) { return R.weight(bits, k); });
     if (level == 0) {
       if (warp == 0) {

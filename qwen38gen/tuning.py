@@ -58,6 +58,9 @@ KNOBS: dict[str, Knob] = {
     "attn_mb": Knob("0, 1", "int", (0, 1), help="attn_tc min blocks per SM (0: not given)"),
     "attn_grid": Knob("table, 1..1024", "optint", tuple(range(1, 1025)),
                       help="attn_tc grid.x target (table: one block per SM)"),
+    "sample_split": Knob("0, 1", "bool",
+                         help="the sampler's histogram sums by 32-bit shared atomics with a carry "
+                              "(not yet run on a GPU: version 27)"),
     "multi_tile": Knob("table, 8, 16, 32", "optint", (8, 16, 32),
                        help="gemv_q4's batch tile on launches over more rows than the lane's "
                             "btg (prefill chunks, verify passes; table: the lane's tile)"),
@@ -130,6 +133,7 @@ class Tuning:
     attn_mb: int = 0
     attn_grid: int | None = None
     multi_tile: int | None = None
+    sample_split: bool = False
 
     def __post_init__(self):
         for f in fields(self):

@@ -683,3 +683,15 @@ def test_multi_tile_changes_only_the_multi_row_gemvs():
     tiles = {L["btg"] for L in wide["prefill"] if "weight" in L and L["weight"] != "lm_head"}
     assert tiles == {32} and {L["btg"] for L in base["prefill"] if "weight" in L} == {16}
     assert any(L["grid"][1] == 1024 // 32 for L in wide["prefill"] if "weight" in L)
+
+
+def test_sample_split_is_a_lane_choice():
+    """Tuning.sample_split emits the sampler's SPLIT = 1 form under its own name; the default
+    program keeps SPLIT = 0 (the form verified on the device)."""
+    from qwen38gen.tuning import Tuning
+
+    base = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8))
+    split = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8, tuning=Tuning(sample_split=True)))
+    (b,), (s,) = base.manifest["schedule"]["sample"], split.manifest["schedule"]["sample"]
+    assert b["k"] == "q38_sample_v1024" and s["k"] == "q38_sample_v1024_s"
+    assert "sample_rows<1024, 0>" in base.source and "sample_rows<1024, 1>" in split.source

@@ -132,3 +132,40 @@ def test_kernel_algorithm_is_the_twin(V):
         for i, p in enumerate(PARAMS):
             pos = 100 * r + i
             assert kernel_like(x, p, pos) == S.sample(x.astype(np.float32), p, pos), (r, p)
+
+
+def test_split_sums_are_exact_in_any_order():
+    """add_u64_split's rule (sampling.cuh, SPLIT = 1): each amount's low word added to lo, a carry
+    into hi by the add that wrapped lo, plus its high word: hi·2^32 + lo is the exact sum for any
+    order of the adds (amounts up to 2^32, as floor(e · 2^32) with e <= 1 is)."""
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 1000, 5000):
+        a = rng.integers(0, 2**32 + 1, n, dtype=np.uint64)
+        a[rng.random(n) < 0.1] = 2**32                      # the largest amount
+        for _ in range(3):
+            lo = hi = 0
+            for x in rng.permutation(a).tolist():
+                al, c = x & 0xFFFFFFFF, x >> 32
+                if al:
+                    old, lo = lo, (lo + al) & 0xFFFFFFFF
+                    c += 1 if lo < old else 0
+                hi += c
+            assert (hi << 32) + lo == int(a.sum(dtype=object))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_split_form_has_no_64_bit_shared_atomics(tmp_path):
+    """SPLIT = 1 sums with 32-bit shared atomics only; SPLIT = 0 (the default) with 64-bit ones."""
+    import subprocess
+
+    for split, want64 in ((0, True), (1, False)):
+        cu = tmp_path / f"s{split}.cu"
+        cu.write_text('#include "sampling.cuh"\n'
+                      'extern "C" __global__ void __launch_bounds__(1024) k(const q38::bf16* l, '
+                      'const float* f, const uint32_t* u, const int* c, int* t) '
+                      f'{{ q38::sample_rows<248320, {split}>(l, f, u, c, t); }}\n')
+        ptx = tmp_path / f"s{split}.ptx"
+        subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-I", str(kernels_dir()),
+                        "-o", str(ptx), str(cu)], check=True)
+        atoms = set(re.findall(r"atom\.shared\.add\.(u\d+)", ptx.read_text()))
+        assert "u64" in atoms if want64 else atoms == {"u32"}, (split, atoms)

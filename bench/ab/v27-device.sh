@@ -44,7 +44,7 @@ PART=${PART:-serve}
     timeout 200 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
       --json "$OUT/serve-27b-realistic.json" --plot "$OUT/serve-27b-realistic.png" 2>&1 | tail -8
   elif [ "$PART" = short ]; then   # what PART=sample decides first, in under four minutes
-    echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
+    echo "==== sample_ab: the sampler's SPLIT 1 sums (32-bit atomics + carry, new) against SPLIT 0 (64-bit, old)"
     timeout 50 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
     for t in "" "--tune multi_tile=32"; do
       echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
@@ -52,16 +52,18 @@ PART=${PART:-serve}
         --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
     done
   elif [ "$PART" = sample ]; then
-    echo "==== sample_ab: the sample phase's kernel, 32-bit histogram sums (new) against 64-bit (old)"
+    echo "==== sample_ab: the sampler's SPLIT 1 sums (32-bit atomics + carry, new) against SPLIT 0 (64-bit, old)"
     timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
     for t in "" "--tune multi_tile=32"; do
       echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
       timeout 70 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
         --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
     done
-    echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B)"
-    timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
-      --json "$OUT/serve-27b-realistic.json" 2>&1 | grep -E '^serve|GPU' | tail -4
+    for t in "" "--tune sample_split=1"; do
+      echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B) ${t:-(table)}"
+      timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 $t \
+        --json "$OUT/serve-27b-realistic${t:+-split}.json" 2>&1 | grep -E '^serve|GPU' | tail -4
+    done
     echo "==== bench --model tiny --batch 7,64 --trace (where the tiny B = 64 step's fixed cost goes)"
     timeout 40 $Q bench --model tiny --batch 7,64 --trace --json "$OUT/bench-tiny-trace.json" 2>&1 | tail -60
     for t in "" "--tune wgmma_sk=off"; do
@@ -82,12 +84,13 @@ PART=${PART:-serve}
     done
   fi
 } 2>&1 | tee "$OUT/v27-$PART.log"
-# PART=sample (a call of its own, after VERIFY=tests PYTEST_FILES="tests/gpu/test_sampling.py
-# tests/gpu/test_engine.py tests/gpu/test_serve_lock.py" in the same call): the sampler's 32-bit
-# histogram sums against version 26's, and Tuning.multi_tile (prefill chunks' GEMVs in 32-row
-# tiles) against the table's tile. CPU first, besides the header's:
-#   python scripts/sample_ab.py build .cache/sample_ab.cubin --old HEAD~1   (HEAD~1: the sampler before)
+# PART=short, then PART=sample (after VERIFY=tests PYTEST_FILES="tests/gpu/test_sampling.py
+# tests/gpu/test_engine.py tests/gpu/test_serve_lock.py" in the same call): the sampler's SPLIT 1
+# sums (Tuning.sample_split) against SPLIT 0, and Tuning.multi_tile (prefill chunks' GEMVs in
+# 32-row tiles) against the table's tile. CPU first, besides the header's:
+#   python scripts/sample_ab.py build .cache/sample_ab.cubin
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune multi_tile=32 tiny:3:pt8 \
 #     qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py tiny:7:t tiny:64:t tiny:7 tiny:64
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune wgmma_sk=off tiny:64:pt16
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune sample_split=1 qwen3.8-27b:16:pt64

@@ -230,7 +230,8 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
 
 
 def to_json(cfg: ModelConfig, w: Workload, rows: list[ServeRow], device: str) -> dict:
-    return {"format": "qwen38gen-bench-serve", "version": 2, "model": cfg.name,
+    # version 3: a row's phase_runs, phase_ms and gpu_ms_per_step (where a step goes)
+    return {"format": "qwen38gen-bench-serve", "version": 3, "model": cfg.name,
             "device": device, "workload": w.describe(), "rows": [asdict(r) for r in rows]}
 
 

@@ -148,5 +148,6 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
                               "args": [buf("logits"), buf("topk_val"), buf("topk_idx")]}]
     if not K:   # optional, after a step where some slot samples (the mtp lane decodes greedily)
         plan.buffers.update(sample_buffers(lanes.batch))
-        plan.schedule["sample"] = sample_phase(plan, lanes.batch, cfg.vocab_size)
+        plan.schedule["sample"] = sample_phase(plan, lanes.batch, cfg.vocab_size,
+                                               lanes.tuning.sample_split)
     return plan

@@ -19,8 +19,11 @@ from .entries import BF, I32, Entry, buf
 HEADER = "sampling.cuh"
 
 
-def sample_entry(v: int) -> Entry:
-    return Entry(f"q38_sample_v{v}", f"q38::sample_rows<{v}>",
+def sample_entry(v: int, split: bool = False) -> Entry:
+    """split (Tuning.sample_split): the histograms' sums by 32-bit shared atomics with a carry,
+    not 64-bit ones (the same integers: kernels/sampling.cuh, version 27)."""
+    return Entry(f"q38_sample_v{v}" + ("_s" if split else ""),
+                 f"q38::sample_rows<{v}, {int(split)}>",
                  ((BF, "logits"), ("const float*", "fpar"), ("const uint32_t*", "upar"),
                   (I32, "ctr"), ("int*", "tok")), 1024,
                  asserts=(f"q38::SampleLaunch<{v}>::threads == 1024",), family="sample")
@@ -31,9 +34,9 @@ def sample_buffers(batch: int) -> dict:
             "samp_upar": {"dtype": "int32", "shape": [batch, len(UPAR_COLUMNS)]}}
 
 
-def sample_phase(plan, batch: int, vocab: int) -> list[dict]:
+def sample_phase(plan, batch: int, vocab: int, split: bool = False) -> list[dict]:
     """The sample phase's launch (its entry added to the plan): one block per slot."""
-    e = plan.entry(sample_entry(vocab))
+    e = plan.entry(sample_entry(vocab, split))
     return [{"k": e.name, "grid": [batch, 1, 1],
              "args": [buf("logits"), buf("samp_fpar"), buf("samp_upar"), buf("pos"),
                       buf("next")]}]

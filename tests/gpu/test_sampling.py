@@ -2,7 +2,8 @@
 random bf16 logits (ties at the top, ±0 planted) at the tiny and the 27B vocabulary, every kind
 of row in one launch (greedy, temperature only, top_k, top_p, min_p, all of them), outputs
 poisoned with 0x7f bytes. Repeated launches give the same tokens (integer sums: no atomics order
-shows)."""
+shows). Both forms of the histogram sums (SPLIT 0: 64-bit shared atomics, the default; 1:
+32-bit ones with a carry, Tuning.sample_split)."""
 
 from __future__ import annotations
 
@@ -19,33 +20,36 @@ PARAMS = KERNEL_PARAMS + [S.SamplingParams(temperature=1e-6, top_k=3, seed=7)]
 _MOD: dict = {}
 
 
-def _fn(v: int):
+def _fn(v: int, split: int = 0):
     if not _MOD:
         src = ['#include "sampling.cuh"']
         for n in VOCAB:
-            src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
-                       f"q38_sample_v{n}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
-                       f"const int* ctr, int* tok) {{ q38::sample_rows<{n}>(l, fpar, upar, ctr, tok); }}")
+            for sp in (0, 1):
+                src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
+                           f"q38_sample_v{n}_{sp}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
+                           f"const int* ctr, int* tok) {{ q38::sample_rows<{n}, {sp}>(l, fpar, upar, ctr, tok); }}")
         mod = build("\n".join(src) + "\n")
         for n in VOCAB:
-            _MOD[n] = mod.get_function(f"q38_sample_v{n}")
-    return _MOD[v]
+            for sp in (0, 1):
+                _MOD[n, sp] = mod.get_function(f"q38_sample_v{n}_{sp}")
+    return _MOD[v, split]
 
 
-def _gpu_sample(logits: np.ndarray, params, positions) -> np.ndarray:
+def _gpu_sample(logits: np.ndarray, params, positions, split: int = 0) -> np.ndarray:
     R, V = logits.shape
     fpar, upar, ctr = S.pack_params(params, positions)
     l_d = to_gpu(logits.view(np.uint16))
     f_d, u_d, c_d = to_gpu(fpar), to_gpu(upar), to_gpu(ctr)
     tok = poisoned((R,), np.int32)
-    _fn(V)(l_d.gpudata, f_d.gpudata, u_d.gpudata, c_d.gpudata, tok.gpudata,
+    _fn(V, split)(l_d.gpudata, f_d.gpudata, u_d.gpudata, c_d.gpudata, tok.gpudata,
            block=(1024, 1, 1), grid=(R, 1))
     return tok.get()
 
 
+@pytest.mark.parametrize("split", [0, 1])
 @pytest.mark.parametrize("V", VOCAB)
 @pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])
-def test_sampler_is_the_twin(cuda_ctx, V, scale):
+def test_sampler_is_the_twin(cuda_ctx, V, scale, split):
     rng = np.random.default_rng(int(V * scale))
     reps = 3
     rows = np.concatenate([rng.standard_normal((reps, V)) * scale] * len(PARAMS)).astype(np.float32)
@@ -54,10 +58,10 @@ def test_sampler_is_the_twin(cuda_ctx, V, scale):
     logits = rows.astype(BF16)
     params = [p for p in PARAMS for _ in range(reps)]
     positions = [int(n) for n in rng.integers(0, 1 << 20, len(params))]
-    got = _gpu_sample(logits, params, positions)
+    got = _gpu_sample(logits, params, positions, split)
     want = [S.sample(logits[i].astype(np.float32), p, n) for i, (p, n) in enumerate(zip(params, positions))]
     assert got.tolist() == want
-    assert _gpu_sample(logits, params, positions).tolist() == want
+    assert _gpu_sample(logits, params, positions, split).tolist() == want
 
 
 def test_draws_follow_the_softmax(cuda_ctx):
