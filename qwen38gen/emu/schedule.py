@@ -150,7 +150,7 @@ class Emu:
         a = L["args"]
         B, R_ = self.B, self.B * pt
         ld = a[1][1]
-        C, Cv, hv = c.conv_dim, c.linear_value_dim, c.linear_num_value_heads
+        C, hv = c.conv_dim, c.linear_num_value_heads
         proj = self.view(["buf", a[0][1], 0, 0], (R_, ld))
         mz = proj
         ba = proj[:, a[2][2]:]

@@ -136,10 +136,8 @@ class SpecEngine(Engine):
                     if seq.finish_reason:
                         self._finish(seq, done)
             return done
-        hook = None
-        if self.draft_hook is not None:
-            def hook(b, position, d):
-                return self.draft_hook(running[b].req, position, d)
+        hook = None if self.draft_hook is None else (
+            lambda b, position, d: self.draft_hook(running[b].req, position, d))
         kept = be.verify({b: running[b].position for b in feed}, hook)
         self.stats.decode_steps += 1
         self.stats.busy_decode += len(feed)
@@ -288,7 +286,7 @@ class SpecProgramSlots:
         """One verify step of every slot in ``positions`` ({slot: position of the token being
         chosen}, = the slot's position + 1); returns {slot: the 1 … K+1 tokens it keeps}.
         draft_hook(slot, position, proposed) -> token replaces drafts first (a test hook)."""
-        B, K, KP = self.slots, self.k, self.k + 1
+        B, KP = self.slots, self.k + 1
         for b, p in positions.items():
             if p != self.pos[b] + 1:
                 raise RuntimeError(f"slot {b}: the program's position {self.pos[b]} is not the "

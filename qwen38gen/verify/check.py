@@ -149,8 +149,6 @@ def state_errors(cfg: ModelConfig, bufs: dict, slot: int, st, b: int = 0) -> dic
     (row ``b``): the worst relative error over the layers, for the recurrent state, the conv ring
     (the reference's last K-1 rows laid out as the kernel's ring, reference.conv_to_ring) and the
     K and V caches up to the sequence's position."""
-    from ..reference import conv_to_ring
-
     by_layer = state_errors_by_layer(cfg, bufs, slot, st, b)
     return {k: worst(v.values()) for k, v in by_layer.items()}
 
