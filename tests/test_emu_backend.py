@@ -161,3 +161,21 @@ def test_bad_use():
     with pytest.raises(ValueError, match=rf"^slot 0: position {CTX} \+ 1 tokens passes the "
                                          rf"context {CTX}$"):
         be.decode([1])
+
+
+def test_lock_holds_with_the_lane_choices_of_version_27():
+    """The emulated schedule of a program with Tuning.multi_tile=32 (prefill chunks' GEMVs in
+    32-row tiles: other grids and R per launch) and sample_split (the SPLIT = 1 sampler entry)
+    gives every request the tokens it gets alone: the launches are wired as the defaults'."""
+    from qwen38gen.tuning import Tuning
+
+    cfg, B = PRESETS["tiny"], 3
+    _T.setdefault("t", default_tensors(cfg))
+    lanes = Lanes.make(B, pt=PT, tuning=Tuning(multi_tile=32, sample_split=True))
+    sched = EmuBackend(cfg, lanes, _T["t"], CTX).emu.manifest["schedule"]
+    assert {L["btg"] for L in sched["prefill"] if "weight" in L and L["weight"] != "lm_head"} == {32}
+    assert sched["sample"][0]["k"].endswith("_s")
+    reqs = lock_requests("sampled")
+    got = {r.id: (r.token_ids, r.finish_reason)
+           for r in Engine(EmuBackend(cfg, lanes, _T["t"], CTX)).run(reqs)}
+    assert got == alone("sampled")
