@@ -864,19 +864,17 @@ def _device_name() -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate=0.0, mtp=0, plot_out=None,
-                 tuning=None):
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, tuning):
     """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
     from qwen38gen.perf import serve_bench as Sb
     from qwen38gen.serve.workload import arrival_times, requests, workload
-    from qwen38gen.tuning import Tuning
 
     w = workload(name)
     requests(w, cfg.vocab_size, 0, n)            # a bad --requests fails here, before the GPU
     arrival_times(1, rate)                       # a bad --rate
-    Lanes.make(max(bs), pt=pt, mtp=mtp, tuning=tuning or Tuning())   # a bad --pt or --mtp
+    Lanes.make(max(bs), pt=pt, mtp=mtp, tuning=tuning)   # a bad --pt or --mtp
     if mtp and schedule != "ride":
         raise UserError("--schedule goes with the plain program; under --mtp decoding slots "
                         "wait behind prefill chunks")

@@ -51,14 +51,7 @@ PART=${PART:-serve}
       timeout 60 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
         --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
     done
-  elif [ "$PART" = sample ]; then
-    echo "==== sample_ab: the sampler's SPLIT 1 sums (32-bit atomics + carry, new) against SPLIT 0 (64-bit, old)"
-    timeout 60 python3 scripts/sample_ab.py run .cache/sample_ab.cubin 2>&1 | tail -12
-    for t in "" "--tune multi_tile=32"; do
-      echo "==== bench --prefill 1024 --batch 1,16 --pt 64 ${t:-(table tile)}"
-      timeout 70 $Q bench --model qwen3.8-27b --prefill 1024 --batch 1,16 --pt 64 $t \
-        --json "$OUT/prefill-27b${t:+-mt32}.json" 2>&1 | grep -E '^prefill:'
-    done
+  elif [ "$PART" = sample ]; then   # after PART=short: the rest of what the lane choices decide
     for t in "" "--tune sample_split=1"; do
       echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 (27B) ${t:-(table)}"
       timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 $t \

@@ -155,7 +155,8 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
     """The workload at each B; ``slots(cfg, B, pt, tensors, ctx, mtp)``: a context manager
     giving the backend (default ``gpu_slots``, with ``tuning``; the tests pass a CPU one);
     ``on_row(row)`` as each B is measured."""
-    if slots is None:
+    on_gpu = slots is None
+    if on_gpu:
         from ..runtime import cuda_driver
 
         cuda_driver()
@@ -164,7 +165,7 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
     at = arrival_times(len(reqs), rate, seed)
     warm = requests(w, cfg.vocab_size, seed + 1, 8)
     ctx = max(default_ctx(reqs), default_ctx(warm))
-    tensors = gpu_weights(cfg, bool(mtp)) if isinstance(slots, partial) else {}
+    tensors = gpu_weights(cfg, bool(mtp)) if on_gpu else {}
     rows = []
     for B in batches:
         progress(f"serve {w.name} B={B}: build")
