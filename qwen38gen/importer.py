@@ -43,7 +43,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import UserError
-from .weights import BF16, GROUP, CheckpointReader, pack_int4, quantize_pack
+from .checkpoint import CheckpointReader
+from .weights import BF16, GROUP, pack_int4, quantize_pack
 
 ADVICE = "quantize from the bf16 checkpoint instead (`qwen38gen quantize BF16_DIR -o OUT`)"
 _FLOATS = ("BF16", "F16", "F32")

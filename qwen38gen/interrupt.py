@@ -3,7 +3,7 @@
 While ``handling()`` is active (the CLI's ``main`` holds it for the whole command), SIGINT, SIGTERM
 and SIGHUP raise ``Interrupted`` in the main thread, so that every ``finally`` and
 ``except BaseException`` on the way out runs: temp files and folders are removed where they were
-made (``outputs``, ``weights.atomic_dir``, the gate's work folder). Before it raises, the handler
+made (``outputs``, ``checkpoint.atomic_dir``, the gate's work folder). Before it raises, the handler
 kills the process group of every child started by ``run_group`` (nvcc and the ptxas and cicc it
 starts) and ignores further signals, so the clean-up itself is not cut short. ``critical()``
 defers a signal over a few renames that must happen together (the .cu and its manifest, a folder

@@ -24,10 +24,8 @@ from .importer import (
 )
 from .interrupt import handling
 from .outputs import check_folder_pair, umask
-from .weights import (
-    DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors,
-    check_packed, dequantize, quantize_pack,
-)
+from .checkpoint import DEFAULT_SHARD_BYTES, CheckpointReader, ShardWriter, atomic_dir, check_tensors
+from .weights import check_packed, dequantize, quantize_pack
 
 FORMAT_NAME = "qwen38gen-int4-g128-tile16x64"
 FORMAT_VERSION = 1
@@ -257,7 +255,7 @@ def int4_weights(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, 
 
 def load_any(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Float32 tensors from an HF checkpoint or a `quantize` output folder (dequantized)."""
-    from .weights import load_checkpoint
+    from .checkpoint import load_checkpoint
 
     d = Path(model_dir)
     if (d / QUANT_JSON).exists():

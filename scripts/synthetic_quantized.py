@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from qwen38gen.config import load_config  # noqa: E402
 from qwen38gen.quantize import QUANT_JSON, QUANT_META, _base  # noqa: E402
-from qwen38gen.weights import BF16, ShardWriter, atomic_dir  # noqa: E402
+from qwen38gen.checkpoint import ShardWriter, atomic_dir  # noqa: E402
+from qwen38gen.weights import BF16  # noqa: E402
 
 BLOCK = 16 << 20   # bytes of random data repeated through the big tensors
 

@@ -59,7 +59,8 @@ def test_malformed_config_file(tmp_path):
 def test_quantize_then_generate(tmp_path):
     """quantize writes the packed model atomically; generate runs the reference on it."""
     from qwen38gen.config import PRESETS
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = PRESETS["tiny"]
     src, dst = tmp_path / "hf", tmp_path / "q4"

@@ -43,7 +43,8 @@ def test_emitted_files(tmp_path, mask):
 
 def test_quantized_folder(tmp_path, mask):
     from qwen38gen.quantize import quantize_checkpoint
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = SMALL
     save_checkpoint(cfg, synthetic_weights(cfg, 1), tmp_path / "hf")

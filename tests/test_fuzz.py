@@ -209,7 +209,8 @@ def test_fuzz_config_json(capsys, tmp_path):
 
 
 def test_fuzz_checkpoint_folders(capsys, tmp_path):
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
     from tests.test_file_modes import SMALL
 
     p = Pass("checkpoint folders")
@@ -276,7 +277,8 @@ TEMPLATE_PIECES = [
 
 def test_fuzz_chat_templates(capsys, tmp_path):
     pytest.importorskip("tokenizers")
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
     from tests.test_text_run import CFG
     from tests.test_tokenizer import small_model_dir
 

@@ -136,7 +136,8 @@ def test_quantize_sigterm_leaves_no_temp_folder(tmp_path):
 
     from qwen38gen.interrupt import Interrupted
     from qwen38gen.quantize import quantize_checkpoint
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = PRESETS["tiny"]
     save_checkpoint(cfg, synthetic_weights(cfg, 1), tmp_path / "src")
@@ -178,7 +179,8 @@ def test_generate_refuses_a_model_too_big_before_building(monkeypatch):
 def test_generate_weights_reads_the_folders_config(tmp_path):
     """--weights DIR without --model takes DIR/config.json (toy here, not the default tiny);
     a --model of another geometry is refused."""
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = PRESETS["toy"]
     save_checkpoint(cfg, synthetic_weights(cfg, 1), tmp_path / "toy")
@@ -192,7 +194,8 @@ def test_generate_weights_reads_the_folders_config(tmp_path):
 def test_model_dir_on_info_quantize_and_generate(tmp_path):
     """--model DIR names a checkpoint folder on info, quantize and generate; generate --model DIR
     runs on the folder's weights (the same tokens as --weights DIR)."""
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = PRESETS["tiny"]
     src, q = tmp_path / "src", tmp_path / "q"

@@ -171,7 +171,8 @@ def test_speculative_loop_names_nonfinite_logits(bad):
 def test_run_says_a_broken_program_in_one_line(tmp_path):
     """`run` over weights whose final norm holds a NaN: the engine's guard stops it, one line on
     stderr, exit 1 (a broken program, not a user's mistake), no output file left."""
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     t = dict(synthetic_weights(TINY, 0))
     w = np.array(t[FINAL_NORM], copy=True)

@@ -1,7 +1,7 @@
 """The numpy reference (fp64) against HF transformers ``Qwen3_5ForCausalLM``.
 
 For the ``tiny`` and ``toy`` configs: seeded non-trivial synthetic weights are written with
-``weights.save_checkpoint`` and loaded by HF (eager attention). Prompts of 1, 2, 67 and 70 tokens
+``checkpoint.save_checkpoint`` and loaded by HF (eager attention). Prompts of 1, 2, 67 and 70 tokens
 (67 and 70 take HF's >64-token chunked delta-rule path) are prefilled, then 8 greedy decode steps
 run with HF's cache. Every step's logits are compared (every row of the prefill, the one row of
 each decode step), and the GDN conv / recurrent states and the attention KV caches are compared with
@@ -37,7 +37,8 @@ from transformers import Qwen3_5ForCausalLM
 
 from qwen38gen.config import DECODER, MTP, PRESETS
 from qwen38gen.reference import Reference, rms1p, rope, sigmoid, silu
-from qwen38gen.weights import save_checkpoint, synthetic_weights
+from qwen38gen.checkpoint import save_checkpoint
+from qwen38gen.weights import synthetic_weights
 
 from tests._blas_threads import single_threaded  # noqa: F401  (autouse: 1 BLAS / torch thread)
 

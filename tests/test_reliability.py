@@ -201,7 +201,8 @@ def test_quantize_interrupted_after_its_rename_says_the_output_is_complete(capsy
                                                                            monkeypatch):
     """Not "aborted" over a complete output: the line says what was written."""
     import qwen38gen.quantize as Q
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     from .test_file_modes import SMALL
 
@@ -297,7 +298,8 @@ def test_a_broken_pipe_is_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
     pytest.importorskip("tokenizers")
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
     from tests.test_text_run import CFG
     from tests.test_tokenizer import small_model_dir
 
@@ -431,7 +433,8 @@ def test_a_request_line_json_cannot_hold(capsys, tmp_path, line, pattern):
 
 
 def test_quantize_onto_an_empty_readonly_folder(readonly_dir, tmp_path):
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
     from tests.test_file_modes import SMALL
 
     ro, prefix = readonly_dir

@@ -164,12 +164,13 @@ def test_a_quantized_folder_is_mapped_for_the_gpu_backend(tmp_path):
     import numpy as np
 
     from qwen38gen import quantize as qz
+    from qwen38gen import checkpoint as ck
     from qwen38gen import weights as wt
     from qwen38gen.config import PRESETS
     from qwen38gen.serve.run import backend_tensors
 
     tiny = PRESETS["tiny"]
-    wt.save_checkpoint(tiny, wt.synthetic_weights(tiny, seed=2), tmp_path / "ck")
+    ck.save_checkpoint(tiny, wt.synthetic_weights(tiny, seed=2), tmp_path / "ck")
     q = qz.quantize_checkpoint(tmp_path / "ck", tmp_path / "q")
     for backend, mapped in (("gpu", True), ("reference", False), ("emu", False)):
         t = backend_tensors(tiny, q, 0, False, backend)

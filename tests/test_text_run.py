@@ -23,7 +23,8 @@ from qwen38gen.config import PRESETS  # noqa: E402
 from qwen38gen.errors import UserError  # noqa: E402
 from qwen38gen.reference import Reference  # noqa: E402
 from qwen38gen.tokenizer import load_tokenizer  # noqa: E402
-from qwen38gen.weights import save_checkpoint, synthetic_weights  # noqa: E402
+from qwen38gen.checkpoint import save_checkpoint  # noqa: E402
+from qwen38gen.weights import synthetic_weights  # noqa: E402
 from tests.test_tokenizer import small_model_dir  # noqa: E402
 
 from tests._blas_threads import single_threaded  # noqa: E402, F401

@@ -116,7 +116,8 @@ def test_generate_prints_text_with_the_models_tokenizer(tmp_path):
     import dataclasses
 
     from qwen38gen.config import PRESETS
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = dataclasses.replace(PRESETS["toy"], vocab_size=300)
     d = tmp_path / "m"
@@ -216,7 +217,8 @@ def test_quantize_carries_the_tokenizer_and_text_without_one_is_named(tmp_path):
     import dataclasses
 
     from qwen38gen.config import PRESETS
-    from qwen38gen.weights import save_checkpoint, synthetic_weights
+    from qwen38gen.checkpoint import save_checkpoint
+    from qwen38gen.weights import synthetic_weights
 
     cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=300)
     src = tmp_path / "src"

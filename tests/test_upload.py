@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from qwen38gen import quantize as qz
+from qwen38gen import checkpoint as ck
 from qwen38gen import weights as wt
 from qwen38gen.emit import emit_program
 from qwen38gen.inputs import fused_arrays, pack_weights
@@ -86,7 +87,7 @@ def test_runtime_weight_parts_are_the_fused_arrays(tmp_path, mapped):
     """What Runtime._alloc uploads, buffer by buffer, is the concatenation the emulator uses
     (fused_arrays), from a quantized folder read whole or mapped."""
     src = tmp_path / "ck"
-    wt.save_checkpoint(TINY, wt.synthetic_weights(TINY, seed=3), src, max_shard_bytes=2 << 20)
+    ck.save_checkpoint(TINY, wt.synthetic_weights(TINY, seed=3), src, max_shard_bytes=2 << 20)
     q = qz.quantize_checkpoint(src, tmp_path / "q", max_shard_bytes=1 << 20)
     man = emit_program(TINY, Lanes.make(2, pt=4)).manifest
     packed = pack_weights(TINY, qz.load_quantized(q, TINY, mapped=mapped))

@@ -9,8 +9,9 @@ import pytest
 from qwen38gen.config import PRESETS
 from qwen38gen.errors import UserError
 from qwen38gen import quantize as qz
+from qwen38gen import checkpoint as ck
 from qwen38gen import weights as wt
-from qwen38gen.mapped import safetensors_offsets
+from qwen38gen.checkpoint import safetensors_offsets
 from qwen38gen.weights import BF16
 
 TINY = PRESETS["tiny"]
@@ -35,7 +36,7 @@ def tiny_tensors():
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory, tiny_tensors):
     d = tmp_path_factory.mktemp("ck") / "tiny"
-    wt.save_checkpoint(TINY, tiny_tensors, d, max_shard_bytes=4 << 20)
+    ck.save_checkpoint(TINY, tiny_tensors, d, max_shard_bytes=4 << 20)
     return d
 
 
@@ -67,13 +68,13 @@ def test_save_layout_and_roundtrip(tiny_ckpt, tiny_tensors):
     for s in shards:
         assert os.path.getsize(tiny_ckpt / s) < (4 << 20) + 65536
 
-    loaded = wt.load_checkpoint(tiny_ckpt, TINY)
+    loaded = ck.load_checkpoint(tiny_ckpt, TINY)
     assert list(loaded) == list(TINY.tensor_shapes())
     for k, a in tiny_tensors.items():
         assert same(loaded[k], a), k
     assert loaded["model.language_model.layers.0.linear_attn.A_log"].dtype == np.float32
 
-    r = wt.CheckpointReader(tiny_ckpt)
+    r = ck.CheckpointReader(tiny_ckpt)
     assert set(r.names()) == set(tiny_tensors)
     assert r.shape(QPROJ3) == (3072, 512) and r.dtype(QPROJ3) == "BF16"
     assert same(r.get(QPROJ3), tiny_tensors[QPROJ3])
@@ -87,8 +88,8 @@ def test_single_file_checkpoint(tmp_path):
     d.mkdir()
     stn.save_file(t, str(d / "model.safetensors"))
     with pytest.raises(UserError, match=r"missing tensor 'mtp\..*mtp=False"):
-        wt.load_checkpoint(d, TOY)
-    got = wt.load_checkpoint(d, TOY, mtp=False)
+        ck.load_checkpoint(d, TOY)
+    got = ck.load_checkpoint(d, TOY, mtp=False)
     assert set(got) == set(t) and all(same(got[k], t[k]) for k in t)
 
 
@@ -96,7 +97,7 @@ def test_hf_loads_saved_checkpoint(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     t = wt.synthetic_weights(TOY, seed=3)
-    d = wt.save_checkpoint(TOY, t, tmp_path / "hf", max_shard_bytes=200_000)
+    d = ck.save_checkpoint(TOY, t, tmp_path / "hf", max_shard_bytes=200_000)
     model, info = transformers.Qwen3_5ForCausalLM.from_pretrained(
         d, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["mismatched_keys"]
@@ -117,63 +118,63 @@ def test_save_is_atomic_and_refuses_nonempty(tmp_path):
     t = {"a": np.ones(4, np.float32), "bad": np.array([object()])}  # safetensors rejects 'bad'
     d = tmp_path / "out"
     with pytest.raises(Exception):
-        wt.save_checkpoint(TOY, t, d, max_shard_bytes=1)
+        ck.save_checkpoint(TOY, t, d, max_shard_bytes=1)
     assert not d.exists() and os.listdir(tmp_path) == []
 
     ok = {"a": np.ones(4, np.float32)}
-    wt.save_checkpoint(TOY, ok, d)
+    ck.save_checkpoint(TOY, ok, d)
     with pytest.raises(UserError, match="not empty.*overwrite"):
-        wt.save_checkpoint(TOY, ok, d)
-    wt.save_checkpoint(TOY, {"b": np.zeros(2, BF16)}, d, overwrite=True)
-    assert wt.CheckpointReader(d).names() == ["b"]
+        ck.save_checkpoint(TOY, ok, d)
+    ck.save_checkpoint(TOY, {"b": np.zeros(2, BF16)}, d, overwrite=True)
+    assert ck.CheckpointReader(d).names() == ["b"]
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
 # ============================================================================ check_tensors
 def test_check_tensors_messages(tmp_path, tiny_tensors):
-    wt.check_tensors(TINY, tiny_tensors)
+    ck.check_tensors(TINY, tiny_tensors)
     t = dict(tiny_tensors)
     del t[QPROJ3]
-    d = wt.save_checkpoint(TINY, t, tmp_path / "m")
+    d = ck.save_checkpoint(TINY, t, tmp_path / "m")
     with pytest.raises(UserError, match=f"checkpoint {d} is missing tensor '{QPROJ3}'"):
-        wt.check_tensors(TINY, wt.CheckpointReader(d))
+        ck.check_tensors(TINY, ck.CheckpointReader(d))
 
     t = dict(tiny_tensors)
     t[QPROJ3] = np.zeros((3072, 256), BF16)
     with pytest.raises(UserError, match=r"'%s' has shape \[3072, 256\], expected \[3072, 512\]"
                        % QPROJ3):
-        wt.check_tensors(TINY, t)
+        ck.check_tensors(TINY, t)
 
     t = {k: v for k, v in tiny_tensors.items() if not k.startswith("mtp.")}
     with pytest.raises(UserError, match=r"missing tensor 'mtp\.pre_fc_norm_embedding\.weight'.*"
                        r"mtp=False"):
-        wt.check_tensors(TINY, t)
-    wt.check_tensors(TINY, t, mtp=False)
+        ck.check_tensors(TINY, t)
+    ck.check_tensors(TINY, t, mtp=False)
     t["mtp.fc.weight"] = np.zeros((512, 512), BF16)  # present MTP tensors are still checked
     with pytest.raises(UserError, match=r"'mtp\.fc\.weight' has shape"):
-        wt.check_tensors(TINY, t, mtp=False)
+        ck.check_tensors(TINY, t, mtp=False)
 
 
 def test_reader_errors(tmp_path, tiny_ckpt):
     with pytest.raises(UserError, match=f"'{tmp_path / 'nope'}' does not exist"):
-        wt.CheckpointReader(tmp_path / "nope")
+        ck.CheckpointReader(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="neither model.safetensors.index.json nor"):
-        wt.CheckpointReader(tmp_path / "empty")
+        ck.CheckpointReader(tmp_path / "empty")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "model.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(UserError, match=f"cannot read safetensors file '{bad}/model.safetensors'"):
-        wt.CheckpointReader(bad)
+        ck.CheckpointReader(bad)
     (bad / "model.safetensors.index.json").write_text("{not json")
     with pytest.raises(UserError, match="index file .* is not a valid safetensors index"):
-        wt.CheckpointReader(bad)
+        ck.CheckpointReader(bad)
     (bad / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"x": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(UserError, match="shard .*model-00001-of-00002.safetensors.* does not"):
-        wt.CheckpointReader(bad)
+        ck.CheckpointReader(bad)
     with pytest.raises(UserError, match="has no tensor 'x'"):
-        wt.CheckpointReader(tiny_ckpt).get("x")
+        ck.CheckpointReader(tiny_ckpt).get("x")
 
 
 # ============================================================================ int4 format
@@ -333,7 +334,7 @@ def test_quantize_checkpoint_tiny(tiny_quant, tiny_ckpt, tiny_tensors):
     assert len(calls) == len(tiny_tensors) and calls[-1][:2] == (len(calls), len(calls))
     assert [c[2] for c in calls] == list(TINY.tensor_shapes())
 
-    raw = wt.CheckpointReader(d)
+    raw = ck.CheckpointReader(d)
     shapes = TINY.tensor_shapes()
     for n, a in tiny_tensors.items():
         if TINY.is_int4(n, shapes[n]):
@@ -386,14 +387,14 @@ def test_quantize_refuses_and_is_atomic(tmp_path, tiny_ckpt, tiny_quant):
 def test_quantize_missing_and_wrong_shape(tmp_path, tiny_tensors):
     t = dict(tiny_tensors)
     del t["model.language_model.layers.5.mlp.down_proj.weight"]
-    src = wt.save_checkpoint(TINY, t, tmp_path / "m")
+    src = ck.save_checkpoint(TINY, t, tmp_path / "m")
     with pytest.raises(UserError, match=r"missing tensor 'model\.language_model\.layers\.5\.mlp"
                        r"\.down_proj\.weight'"):
         qz.quantize_checkpoint(src, tmp_path / "o1")
 
     t = dict(tiny_tensors)
     t[QPROJ3] = np.zeros((3072, 384), BF16)
-    src = wt.save_checkpoint(TINY, t, tmp_path / "s")
+    src = ck.save_checkpoint(TINY, t, tmp_path / "s")
     with pytest.raises(UserError, match=r"'%s' has shape \[3072, 384\], expected \[3072, 512\]"
                        % QPROJ3.replace(".", r"\.")):
         qz.quantize_checkpoint(src, tmp_path / "o2")
@@ -402,7 +403,7 @@ def test_quantize_missing_and_wrong_shape(tmp_path, tiny_tensors):
 
 def test_quantize_without_mtp(tmp_path):
     t = wt.synthetic_weights(TINY, seed=4, mtp=False)
-    src = wt.save_checkpoint(TINY, t, tmp_path / "src")
+    src = ck.save_checkpoint(TINY, t, tmp_path / "src")
     with pytest.raises(UserError, match="mtp=False"):
         qz.quantize_checkpoint(src, tmp_path / "q")
     qz.quantize_checkpoint(src, tmp_path / "q", mtp=False)
@@ -411,7 +412,7 @@ def test_quantize_without_mtp(tmp_path):
 
 
 def test_toy_cannot_be_quantized(tmp_path):
-    src = wt.save_checkpoint(TOY, wt.synthetic_weights(TOY), tmp_path / "toy")
+    src = ck.save_checkpoint(TOY, wt.synthetic_weights(TOY), tmp_path / "toy")
     with pytest.raises(UserError, match=r"shape \[\d+, 64\].*multiple of 128"):
         qz.quantize_checkpoint(src, tmp_path / "q")
     assert not (tmp_path / "q").exists()
@@ -492,22 +493,22 @@ def test_both_spellings_read_alike_and_twice_is_refused(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
     stn.save_file(causal, str(d / "model.safetensors"))
-    r = wt.CheckpointReader(d)
+    r = ck.CheckpointReader(d)
     assert r.stored_name(QPROJ3) == "model.layers.3.self_attn.q_proj.weight"
-    got = wt.load_checkpoint(d, TINY, mtp=False)
+    got = ck.load_checkpoint(d, TINY, mtp=False)
     assert set(got) == set(t) and all(np.array_equal(got[n], t[n]) for n in t)
     both = dict(causal, **{QPROJ3: t[QPROJ3]})
     stn.save_file(both, str(d / "model.safetensors"))
     with pytest.raises(UserError, match=r"holds tensor 'model.language_model.layers.3.self_attn."
                                         r"q_proj.weight' twice, as .* keep one spelling"):
-        wt.CheckpointReader(d)
+        ck.CheckpointReader(d)
 
 
 def test_missing_mtp_names_the_no_mtp_option(tmp_path):
     t = wt.synthetic_weights(TINY, seed=4, mtp=False)
     with pytest.raises(UserError, match=r"missing tensor 'mtp\..*quantize it with MTP off "
                                         r"\(`qwen38gen quantize --no-mtp`"):
-        wt.check_tensors(TINY, t)
+        ck.check_tensors(TINY, t)
 
 
 def test_tied_checkpoint_reads_lm_head_from_the_embedding(tmp_path):
@@ -516,9 +517,9 @@ def test_tied_checkpoint_reads_lm_head_from_the_embedding(tmp_path):
     cfg = dataclasses.replace(TINY, tie_word_embeddings=True)
     t = wt.synthetic_weights(cfg, seed=5, mtp=False)
     assert t["lm_head.weight"] is t["model.language_model.embed_tokens.weight"]
-    wt.save_checkpoint(cfg, t, tmp_path / "c")
-    assert "lm_head.weight" not in wt.CheckpointReader(tmp_path / "c")
-    got = wt.load_checkpoint(tmp_path / "c", cfg, mtp=False)
+    ck.save_checkpoint(cfg, t, tmp_path / "c")
+    assert "lm_head.weight" not in ck.CheckpointReader(tmp_path / "c")
+    got = ck.load_checkpoint(tmp_path / "c", cfg, mtp=False)
     assert np.array_equal(got["lm_head.weight"], t["model.language_model.embed_tokens.weight"])
 
 
@@ -527,7 +528,7 @@ def test_mapped_views_equal_the_tensors_read(tiny_ckpt, tiny_quant):
     dtype and shape as get() reads them, read-only; a header that does not fit its file is an
     error naming the tensor."""
     for folder in (tiny_ckpt, tiny_quant[0]):
-        r = wt.CheckpointReader(folder)
+        r = ck.CheckpointReader(folder)
         for n in r.names():
             a, m = r.get(n), r.mapped(n)
             assert m.dtype == a.dtype and m.shape == a.shape, n
@@ -548,7 +549,7 @@ def test_mapped_view_of_a_truncated_shard_is_an_error(tmp_path, tiny_ckpt):
 
     d = tmp_path / "cut"
     shutil.copytree(tiny_ckpt, d)
-    r = wt.CheckpointReader(d)
+    r = ck.CheckpointReader(d)
     shard = r._entry(r.names()[0])[0]
     base, offs = safetensors_offsets(shard)
     last = max(offs, key=lambda k: offs[k][3])          # the tensor at the end of the shard
