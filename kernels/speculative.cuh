@@ -9,7 +9,10 @@
 //                    emit[b, 0..KP) = a_0 … a_n, then −1;  count[b] = n + 1;
 //                    slot[b] = n (the GDN state slot after token n, gdn.cuh EACH = 1);
 //                    ntok_m[b] = n + 1 (the MTP rows that are real);  vtok[b·KP] = a_n (the next
-//                    verify's first token; d_1 … are written by the drafter). grid ceil(B/128).
+//                    verify's first token; d_1 … are written by the drafter). A sequence that
+//                    idled in the pass (ntok[b] = 0: no rows, no state written) keeps slot[b] and
+//                    vtok[b·KP]: emit all −1, count[b] = ntok_m[b] = 0 (its MTP rows idle and its
+//                    position does not move). grid ceil(B/128).
 //   spec_tokens<PT>  the MTP token rows of a prefill chunk: mtok[r] = mnext[r] if mnext[r] ≥ 0,
 //                    else next[r / PT] (the target's freshly sampled token). mnext is host-supplied
 //                    (the prompt token after row r; −1 on a prompt's last row). grid ceil(R/128).
@@ -32,12 +35,19 @@ struct SpecLaunch {
 
 template <int KP>
 __device__ __forceinline__ void spec_accept(int* __restrict__ vtok, const int* __restrict__ a,
-                                            int* __restrict__ emit, int* __restrict__ count,
-                                            int* __restrict__ slot, int* __restrict__ ntok_m,
-                                            int B) {
+                                            const int* __restrict__ ntok, int* __restrict__ emit,
+                                            int* __restrict__ count, int* __restrict__ slot,
+                                            int* __restrict__ ntok_m, int B) {
   static_assert(KP >= 2, "spec_accept: at least one draft");
   const int b = blockIdx.x * SpecLaunch::threads + threadIdx.x;
   if (b >= B) return;
+  if (ntok[b] <= 0) {  // idled in the pass: nothing kept, nothing moves
+#pragma unroll
+    for (int j = 0; j < KP; ++j) emit[(size_t)b * KP + j] = -1;
+    count[b] = 0;
+    ntok_m[b] = 0;
+    return;
+  }
   int* const d = vtok + (size_t)b * KP;
   const int* const ab = a + (size_t)b * KP;
   int n = 0;

@@ -12,6 +12,8 @@ emulated mtp program (emu/spec_backend.py: the program's prefill and verify sche
   token is the plain engine's, greedy neighbours still get the plain tokens.
 * A refill poisons the slot's target and MTP K/V with NaN: a read past the new request's
   positions is an error.
+* While prompts are fed, chunks and verify steps alternate (a decoding slot waits for at most one
+  chunk); a slot mid-prompt idles in a verify step, its state and K/V untouched.
 """
 
 from __future__ import annotations
@@ -178,6 +180,62 @@ def test_refill_poisons_mtp_kv():
     kc[:, 1, :, 1] = np.nan
     with pytest.raises(RuntimeError, match=r"^slot 1: NaN in the verify logits"):
         be.verify({1: 4})
+
+
+def test_a_slot_mid_prompt_idles_in_a_verify_step():
+    """A verify step over the decoding slots leaves a slot mid-prompt as it was: its recurrent
+    state, conv ring, GDN state slot and position, and every K/V it wrote (the target's and the
+    MTP's); its next chunk then continues the prompt (the greedy lock below shows the tokens)."""
+    be = EmuSpecBackend(PRESETS["tiny"], Lanes.make(2, pt=PT, mtp=2), tensors(), CTX)
+    for b in (0, 1):
+        be.reset_slot(b)
+    be.prefill([[5, 6, 7], [1, 2, 3, 4]], [None, 9], {0: 3})      # slot 0 decodes; 1 is mid-prompt
+    be.emu.buf["slot"][1] = 2                                     # a state slot other than 0
+    p = int(be.pos[1])
+
+    def view(name):
+        a = be.emu.buf[name].reshape(be.emu._shape(name))
+        if name in ("pos", "slot"):                  # [B]
+            return a[1].copy()
+        if name in ("conv", "rec"):                  # [layers, B, …]
+            return a[:, 1].copy()
+        if name in ("kc", "vc"):                     # [layers, B, Hkv, T, D]: what it wrote
+            return a[:, 1, :, :p].copy()
+        return a[1, :, :p].copy()                    # mkc, mvc [B, Hkv, T, D]
+
+    names = [n for n, spec in be.manifest["buffers"].items() if spec.get("state") or n == "pos"]
+    assert {"pos", "slot", "conv", "rec", "kc", "vc", "mkc", "mvc"} <= set(names)
+    before = {n: view(n) for n in names}
+    kept = be.verify({0: 4}, idle=frozenset({1}))
+    assert 1 <= len(kept[0]) <= 3 and set(kept) == {0}
+    for n in names:
+        assert np.array_equal(view(n), before[n], equal_nan=True), n
+    assert be.pos[1] == p and be.emu.get("count")[1] == 0
+
+
+def test_decoders_wait_for_at_most_one_chunk():
+    """While prompts are fed, chunks and verify steps alternate: no two chunks in a row while a
+    slot is decoding; the tokens are still the plain program's."""
+    want = plain(requests(), "greedy")
+    be = EmuSpecBackend(PRESETS["tiny"], Lanes.make(2, pt=PT, mtp=1), tensors(), CTX)
+    eng = SpecEngine(be)
+    log = []     # (kind, decoding slots at the step, slots mid-prompt)
+
+    def wrap(kind, f):
+        def g(*a, **k):
+            run = eng.sched.running
+            log.append((kind, {b for b, s in run.items() if not s.prefilling},
+                        {b for b, s in run.items() if s.prefilling}))
+            return f(*a, **k)
+        return g
+
+    be.prefill, be.verify = wrap("prefill", be.prefill), wrap("verify", be.verify)
+    got = {r.id: (r.token_ids, r.finish_reason) for r in eng.run(requests())}
+    assert got == want
+    for (k0, d0, _), (k1, d1, _) in zip(log, log[1:]):
+        assert not (k0 == k1 == "prefill" and d0 and d1), log
+    # the case this is about happened: a verify step while a slot was mid-prompt
+    assert any(k == "verify" and mid for k, _, mid in log)
 
 
 def test_bad_use():

@@ -273,15 +273,18 @@ class Emu:
             kp = self.kernel(L)["kp"]
             vtok = self.view(a[0], (B, kp))
             am = self.view(a[1], (B, kp))
-            emit = self.view(a[2], (B, kp))
+            ntok = self.view(a[2], (B,))
+            emit = self.view(a[3], (B, kp))
+            count, slot, ntok_m = (self.view(a[i], (B,)) for i in (4, 5, 6))
             for b in range(B):
+                if ntok[b] <= 0:          # idled in the pass: slot and vtok kept
+                    emit[b], count[b], ntok_m[b] = -1, 0, 0
+                    continue
                 n = 0
                 while n < kp - 1 and vtok[b, n + 1] == am[b, n]:
                     n += 1
                 emit[b] = [am[b, j] if j <= n else -1 for j in range(kp)]
-                self.view(a[3], (B,))[b] = n + 1
-                self.view(a[4], (B,))[b] = n
-                self.view(a[5], (B,))[b] = n + 1
+                count[b], slot[b], ntok_m[b] = n + 1, n, n + 1
                 vtok[b, 0] = am[b, n]
         elif kind == "tokens":
             R_ = a[3][1]

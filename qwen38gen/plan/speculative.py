@@ -15,8 +15,9 @@ SPEC_THREADS = 128
 
 def spec_accept_entry(kp: int) -> Entry:
     return Entry(f"q38_spec_accept_k{kp - 1}", f"q38::spec_accept<{kp}>",
-                 (("int*", "vtok"), (I32, "a"), ("int*", "emit"), ("int*", "count"),
-                  ("int*", "slot"), ("int*", "ntok_m"), ("int", "B")), SPEC_THREADS,
+                 (("int*", "vtok"), (I32, "a"), (I32, "ntok"), ("int*", "emit"),
+                  ("int*", "count"), ("int*", "slot"), ("int*", "ntok_m"), ("int", "B")),
+                 SPEC_THREADS,
                  asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",), family="spec_accept",
                  meta=(("kp", kp),))
 
@@ -120,6 +121,6 @@ class SpecBuilder(ScheduleBuilder):
         ac = self.plan.entry(spec_accept_entry(self.KP))
         return (self.step(self.KP, tokens="vtok", verify=True, advance=False)
                 + [{"k": ac.name, "grid": [cdiv(self.B, SPEC_THREADS), 1, 1],
-                    "args": [buf("vtok"), buf("vnext"), buf("emit"), buf("count"), buf("slot"),
-                             buf("ntok_m"), ["i32", self.B]]}]
+                    "args": [buf("vtok"), buf("vnext"), buf("ntok"), buf("emit"), buf("count"),
+                             buf("slot"), buf("ntok_m"), ["i32", self.B]]}]
                 + self.mtp_pass(self.KP, "vnext", "ntok_m"))

@@ -1,9 +1,14 @@
 """`run --mtp K`: continuous batching over B slots of an mtp program (speculative decoding with
 the MTP drafter, MODEL.md §8), on the emulated schedule or on the GPU.
 
-The engine (``SpecEngine``) keeps engine.py's scheduler: admission into free slots, prefill
-chunks first (the decoding slots wait), then a step for every decoding slot. Here that step is
-the program's ``verify`` schedule: each slot feeds [x, d_1 … d_K] (its last token and the MTP's
+The engine (``SpecEngine``) keeps engine.py's scheduler (admission into free slots, prefill
+chunks, steps for the decoding slots) with one policy of its own: while prompts are being fed,
+prefill chunks and verify steps alternate, so a decoding slot waits for at most one chunk (a
+verify step's K+1 rows per slot do not ride in a chunk, as the plain engine's one row does; the
+slots mid-prompt idle in it). Alternating gives the prompts and the decoders half the steps each
+while both have work: a prompt's time to first token at most doubles, where the decoders used to
+stand still for every chunk of every refill (at B = 64, most of the time). A verify step runs the
+program's ``verify`` schedule: each slot feeds [x, d_1 … d_K] (its last token and the MTP's
 drafts, held on the device in ``vtok``) and advances by the 1 … K+1 tokens it keeps. The engine
 appends them one at a time with engine.py's stop rule (stop ids, EOS, max_tokens, the context),
 so a run that stops inside an accepted run cuts exactly where a plain run stops; the device
@@ -27,8 +32,10 @@ Token choice:
 
 A refill resets the slot's target state (GDN recurrent state and conv ring, position, GDN state
 slot) and its drafter state (the MTP KV cache: NaN-poisoned on the emulator, never read past what
-the new request wrote). Slots without a request run the verify rows on their old state at
-position 0 (the schedule has no per-slot idle in verify); their output is dropped.
+the new request wrote). A slot that is not decoding idles in a verify step (ntok 0: the target's
+and the MTP rows write nothing; spec_accept keeps its state slot and position). Only the K − 1
+one-row draft steps run for every slot: their MTP cache writes land at or past the slot's
+position, which the slot's own later rows write again before any row reads them.
 
 Acceptance: per request, drafts proposed (K per verify step it took part in) and accepted (the
 kept drafts of those steps, counted before a stop cuts the run); overall in ``MtpStats``.
@@ -82,10 +89,12 @@ class MtpStats(Stats):
 
 
 class SpecEngine(Engine):
-    """Engine over a speculative backend (``SpecProgramSlots``). Decoding sequences wait while
-    a prompt is fed: their step is a K+1-row verify, which a prefill chunk does not carry."""
+    """Engine over a speculative backend (``SpecProgramSlots``). Decoding sequences do not ride
+    in prefill chunks (their step is a K+1-row verify); while prompts are fed, chunks and verify
+    steps alternate (module docstring)."""
 
     ride = False
+    chunk_waited = False     # the last step was a chunk while some slot was decoding
 
     def __init__(self, backend, eos_ids: tuple[int, ...] = (), draft_hook=None):
         """draft_hook(request, position, proposed) -> token: a test hook that replaces the MTP's
@@ -112,8 +121,12 @@ class SpecEngine(Engine):
         if plan is None:
             return []
         kind, feed = plan
-        self._count_room()
         running, done = self.sched.running, []
+        decoding = sorted(b for b, s in running.items() if not s.prefilling)
+        if kind == "prefill" and decoding and self.chunk_waited:
+            kind, feed = "decode", {b: [running[b].out[-1]] for b in decoding}
+        self.chunk_waited = kind == "prefill" and bool(decoding)
+        self._count_room()
         if kind == "prefill":
             chunks, nexts, ends = [[] for _ in range(be.slots)], [None] * be.slots, {}
             for b, toks in feed.items():
@@ -138,7 +151,8 @@ class SpecEngine(Engine):
             return done
         hook = None if self.draft_hook is None else (
             lambda b, position, d: self.draft_hook(running[b].req, position, d))
-        kept = be.verify({b: running[b].position for b in feed}, hook)
+        kept = be.verify({b: running[b].position for b in feed}, hook,
+                         idle=frozenset(running) - set(feed))
         self.stats.decode_steps += 1
         self.stats.busy_decode += len(feed)
         for b in feed:
@@ -282,18 +296,21 @@ class SpecProgramSlots:
         self.pos += np.asarray(ntok, np.int64)
         return {b: int(nxt[b]) for b in ends}
 
-    def verify(self, positions: dict[int, int], draft_hook=None) -> dict[int, list[int]]:
+    def verify(self, positions: dict[int, int], draft_hook=None,
+               idle: frozenset[int] = frozenset()) -> dict[int, list[int]]:
         """One verify step of every slot in ``positions`` ({slot: position of the token being
-        chosen}, = the slot's position + 1); returns {slot: the 1 … K+1 tokens it keeps}.
-        draft_hook(slot, position, proposed) -> token replaces drafts first (a test hook)."""
+        chosen}, = the slot's position + 1); returns {slot: the 1 … K+1 tokens it keeps}. The
+        other slots idle (ntok 0: no row of theirs is real, no state is written, their position
+        does not move); ``idle`` names those holding a request (a prompt being fed), the rest are
+        free. draft_hook(slot, position, proposed) -> token replaces drafts first (a test hook)."""
         B, KP = self.slots, self.k + 1
         for b, p in positions.items():
             if p != self.pos[b] + 1:
                 raise RuntimeError(f"slot {b}: the program's position {self.pos[b]} is not the "
                                    f"position {p - 1} of the token it feeds")
         for b in range(B):
-            if b not in positions:
-                self.pos[b] = 0                    # a free slot: verify rows at 0 … K, dropped
+            if b not in positions and b not in idle:
+                self.pos[b] = 0     # a free slot: its one-row MTP draft steps stay in the cache
         if draft_hook is not None:
             vt = self._get("vtok").reshape(B, KP).copy()
             for b in positions:
@@ -301,7 +318,7 @@ class SpecProgramSlots:
                     vt[b, j] = draft_hook(b, int(self.pos[b]) + j, int(vt[b, j]))
             self._put("vtok", vt.reshape(-1).astype(np.int32))
         self._put_pos()
-        self._put("ntok", np.full(B, KP, np.int32))
+        self._put("ntok", np.array([KP if b in positions else 0 for b in range(B)], np.int32))
         sampled = [b for b in positions if not self.params[b].greedy]
         if not sampled:
             self._run("verify", 0, None)
@@ -318,14 +335,13 @@ class SpecProgramSlots:
             am = self._get("vnext").reshape(B, KP)
             vt = self._get("vtok").reshape(B, KP)
             kept = {}
-            vnext, slot, nm = am.copy(), np.zeros(B, np.int32), np.ones(B, np.int32)
-            emit, count = np.full((B, KP), -1, np.int32), np.ones(B, np.int32)
-            for b in range(B):
-                if b in positions:
-                    toks = accept_row(lg[b], vt[b, 1:], self.params[b], positions[b], am[b])
-                    kept[b] = toks
-                else:
-                    toks = [int(am[b, 0])]
+            # what the accept kernel writes; an idle slot keeps its state slot and vtok row
+            vnext, slot = am.copy(), self._get("slot").reshape(-1).astype(np.int32)
+            nm, count = np.zeros(B, np.int32), np.zeros(B, np.int32)
+            emit = np.full((B, KP), -1, np.int32)
+            for b in positions:
+                toks = accept_row(lg[b], vt[b, 1:], self.params[b], positions[b], am[b])
+                kept[b] = toks
                 n = len(toks) - 1
                 vnext[b, :n + 1] = toks
                 slot[b], nm[b], count[b] = n, n + 1, n + 1

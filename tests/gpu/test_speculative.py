@@ -44,10 +44,12 @@ def gdn_src(v) -> str:
 
 SPEC_SRC = """
 #include "speculative.cuh"
-extern "C" __global__ void __launch_bounds__(128) acc3(int* vtok, const int* a, int* emit, int* count,
-    int* slot, int* ntok_m, int B) { q38::spec_accept<3>(vtok, a, emit, count, slot, ntok_m, B); }
-extern "C" __global__ void __launch_bounds__(128) acc2(int* vtok, const int* a, int* emit, int* count,
-    int* slot, int* ntok_m, int B) { q38::spec_accept<2>(vtok, a, emit, count, slot, ntok_m, B); }
+extern "C" __global__ void __launch_bounds__(128) acc3(int* vtok, const int* a, const int* ntok,
+    int* emit, int* count, int* slot, int* ntok_m, int B) {
+  q38::spec_accept<3>(vtok, a, ntok, emit, count, slot, ntok_m, B); }
+extern "C" __global__ void __launch_bounds__(128) acc2(int* vtok, const int* a, const int* ntok,
+    int* emit, int* count, int* slot, int* ntok_m, int B) {
+  q38::spec_accept<2>(vtok, a, ntok, emit, count, slot, ntok_m, B); }
 extern "C" __global__ void __launch_bounds__(128) toks4(const int* mnext, const int* next, int* mtok,
     int R) { q38::spec_tokens<4>(mnext, next, mtok, R); }
 extern "C" __global__ void __launch_bounds__(128) spos(const int* pos, int off, int* mpos, int* one,
@@ -70,7 +72,8 @@ def test_gdn_slots(mod, v):
     g = GEOMS[geom]
     B = 3
     rng = np.random.default_rng(seed_of("slots", *v))
-    ntok = [pt, max(1, pt - 1), 1] if each == 0 else [pt] * B
+    # EACH = 1: the middle sequence idles in the verify pass (run --mtp: a slot mid-prompt)
+    ntok = [pt, max(1, pt - 1), 1] if each == 0 else [pt, 0, pt]
     inp = make_inputs(g, B, pt, seed_of("slots-in", *v), ntok=ntok, pos=[0, 2, 1000 + rs])
     ring = ref_ops.bf16_round(rng.normal(0.0, 1.0, size=(B, rs, g.C)))
     state = rng.normal(0.0, 0.5, size=(B, slots, g.hv, g.dk, g.dv)).astype(np.float32).astype(np.float64)
@@ -120,24 +123,34 @@ def test_gdn_slots(mod, v):
 
 
 def test_accept_planted(mod):
-    """n = leading drafts equal to the target's argmax of the previous row."""
+    """n = leading drafts equal to the target's argmax of the previous row; a sequence that
+    idled in the pass (ntok 0) keeps its state slot and first verify token."""
     # rows [x, d1, d2] and argmax [a0, a1, a2]
     cases = [([5, 7, 9], [7, 9, 4], 2),    # both drafts right: emit a0 a1 a2 (bonus)
              ([5, 7, 9], [7, 8, 4], 1),    # d2 wrong
              ([5, 6, 9], [7, 9, 4], 0),    # d1 wrong (d2 would match a1: must not count)
              ([5, 7, 7], [7, 7, 1], 2),
-             ([0, 0, 0], [0, 0, 0], 2)]
+             ([0, 0, 0], [0, 0, 0], 2),
+             ([5, 7, 9], [7, 9, 4], None)]  # idle: all drafts would be accepted, none is
     B = len(cases) + 128                   # a second block, all-accept beyond the cases
     vt = np.zeros((B, 3), np.int32)
     am = np.zeros((B, 3), np.int32)
-    for b, (v, a, _) in enumerate(cases):
+    ntok = np.full(B, 3, np.int32)
+    for b, (v, a, n) in enumerate(cases):
         vt[b], am[b] = v, a
+        ntok[b] = 0 if n is None else 3
+    ntok[len(cases) + 77] = 0              # one idle sequence in the second block
     d_vt = to_gpu(vt)
     d_emit, d_cnt, d_slot, d_nm = (poisoned(s, np.int32) for s in ((B, 3), (B,), (B,), (B,)))
-    mod.get_function("acc3")(d_vt, to_gpu(am), d_emit, d_cnt, d_slot, d_nm, np.int32(B),
-                             block=(128, 1, 1), grid=(-(-B // 128), 1, 1))
+    slot0 = d_slot.get()
+    mod.get_function("acc3")(d_vt, to_gpu(am), to_gpu(ntok), d_emit, d_cnt, d_slot, d_nm,
+                             np.int32(B), block=(128, 1, 1), grid=(-(-B // 128), 1, 1))
     emit, cnt, slot, nm, vt2 = (d.get() for d in (d_emit, d_cnt, d_slot, d_nm, d_vt))
     for b in range(B):
+        if ntok[b] == 0:
+            assert cnt[b] == 0 and nm[b] == 0 and list(emit[b]) == [-1, -1, -1], b
+            assert slot[b] == slot0[b] and list(vt2[b]) == list(vt[b]), b
+            continue
         n = cases[b][2] if b < len(cases) else 2
         assert cnt[b] == n + 1 and slot[b] == n and nm[b] == n + 1, b
         assert list(emit[b]) == [am[b, j] if j <= n else -1 for j in range(3)], b
@@ -146,8 +159,8 @@ def test_accept_planted(mod):
     vt1, am1 = np.array([[1, 2], [1, 3]], np.int32), np.array([[2, 8], [2, 8]], np.int32)
     d_vt1 = to_gpu(vt1)
     d_e, d_c, d_s, d_n = (poisoned(s, np.int32) for s in ((2, 2), (2,), (2,), (2,)))
-    mod.get_function("acc2")(d_vt1, to_gpu(am1), d_e, d_c, d_s, d_n, np.int32(2),
-                             block=(128, 1, 1), grid=(1, 1, 1))
+    mod.get_function("acc2")(d_vt1, to_gpu(am1), to_gpu(np.array([2, 2], np.int32)), d_e, d_c,
+                             d_s, d_n, np.int32(2), block=(128, 1, 1), grid=(1, 1, 1))
     assert d_c.get().tolist() == [2, 1] and d_e.get().tolist() == [[2, 8], [2, -1]]
     assert d_vt1.get()[:, 0].tolist() == [8, 2]
 
