@@ -24,7 +24,7 @@ from rich.console import Console, ConsoleDimensions
 from qwen38gen import __version__
 from qwen38gen import report as R
 from qwen38gen.errors import UserError
-from qwen38gen.lanes import DEFAULT_ARCH
+from qwen38gen.lanes import DEFAULT_ARCH, SUPPORTED
 
 
 
@@ -797,12 +797,15 @@ def _int_list(s: str, what: str) -> list[int]:
 @click.option("--pt", "pts", default="16", show_default=True,
               help="With --serve: the prefill chunk width; with --prefill: the widths to try, "
                    "comma-separated.")
+@click.option("--btg", type=int, default=None,
+              help="The GEMV batch tile at every B (capped at what B needs; default: from B, "
+                   "as emit chooses it).")
 @click.option("--schedule", type=click.Choice(["ride", "wait", "both"]), default="ride",
               show_default=True, help="With --serve: decoding slots ride in prefill chunks, wait "
                                       "behind them (the engine before version 25), or both.")
 @_tune_options
 def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serve, prefill,
-          n_requests, rate, pts, schedule, tune, tune_file):
+          n_requests, rate, pts, btg, schedule, tune, tune_file):
     """Time the decode step (graph replay) beside the floor and the copy bandwidth of this run."""
     from qwen38gen.perf import bench as Bm
     from qwen38gen.config import load_config
@@ -818,23 +821,26 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         raise UserError(f"--ctx {ctx} must be ≥ 1")
     tuning = _tuning(tune, tune_file)
     pt = _int_list(pts, "--pt")
+    if btg is not None and btg not in SUPPORTED["btg"]:
+        raise UserError(f"--btg {btg} is not a supported batch tile; give one of "
+                        f"{', '.join(map(str, SUPPORTED['btg']))}")
     if serve and prefill:
         raise UserError("--serve and --prefill are two benchmarks: give one")
     if serve:
         if len(pt) != 1:
             raise UserError(f"--pt {pts!r}: --serve runs one prefill chunk width")
         _bench_serve(cfg, bs, serve, n_requests, pt[0], schedule, json_out, rate, mtp, plot_out,
-                     tuning)
+                     tuning, btg)
         return
     if prefill:
-        _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning)
+        _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning, btg)
         return
     if mtp:
-        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning)
+        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning, btg)
         return
     with err.status("bench") as st:
         bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m),
-                            trace=trace, tuning=tuning)
+                            trace=trace, tuning=tuning, btg=btg)
     from qwen38gen import launch
 
     pdl = "on" if launch.enabled() else "off (QWEN38_PDL=0)"
@@ -864,7 +870,7 @@ def _device_name() -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, tuning):
+def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, tuning, btg):
     """`bench --serve WORKLOAD [--mtp K] [--rate R]`: the serving table (perf/serve_bench.py)."""
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
@@ -876,8 +882,8 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, 
     arrival_times(1, rate)                       # a bad --rate
     Lanes.make(max(bs), pt=pt, mtp=mtp, tuning=tuning)   # a bad --pt or --mtp
     if mtp and schedule != "ride":
-        raise UserError("--schedule goes with the plain program; under --mtp decoding slots "
-                        "wait behind prefill chunks")
+        raise UserError("--schedule goes with the plain program; under --mtp prefill chunks "
+                        "and verify steps alternate")
     def row(r):   # a line per B: a run cut short keeps what it printed
         err.print(f"serve {w.name}: B={r.batch} {r.schedule}: {r.tok_s:,.0f} output tok/s, "
                   f"{r.steps} steps, {r.ms_per_step:.3f} ms/step, TTFT p50 {r.ttft_p50_ms:,.0f} ms",
@@ -890,7 +896,7 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, 
     with err.status("bench --serve") as st:
         for ride in {"ride": (True,), "wait": (False,), "both": (False, True)}[schedule]:
             rows += Sb.serve_bench(cfg, bs, w, pt, n, ride=ride, progress=lambda m: st.update(m),
-                                   rate=rate, mtp=mtp, on_row=row, tuning=tuning)
+                                   rate=rate, mtp=mtp, on_row=row, tuning=tuning, btg=btg)
     out.print(R.serve_table(cfg, w.describe(), rows))
     if mtp:
         out.print(R.serve_mtp_table(rows, Sb.ALPHAS))
@@ -902,7 +908,7 @@ def _bench_serve(cfg, bs, name, n, pt, schedule, json_out, rate, mtp, plot_out, 
                    name="--json")
 
 
-def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
+def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning, btg):
     """`bench --prefill P,...`: time to first token (perf/prefill_bench.py)."""
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
@@ -919,7 +925,7 @@ def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
 
     with err.status("bench --prefill") as st:
         bw, rows = Pb.prefill_bench(cfg, bs, prompts, pts, progress=lambda m: st.update(m),
-                                    tuning=tuning, on_row=row)
+                                    tuning=tuning, on_row=row, btg=btg)
     out.print(R.prefill_table(cfg, bw, Pb.TENSOR_PEAK, rows))
     if json_out:
         dev = _device_name()
@@ -927,7 +933,7 @@ def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning):
                    name="--json")
 
 
-def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
+def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning, btg):
     """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
     from qwen38gen.perf import bench_mtp as Mm
     from qwen38gen.lanes import Lanes
@@ -936,7 +942,7 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning):
     Lanes.make(1, mtp=k)  # a bad K fails here, before any GPU work
     with err.status("bench --mtp") as st:
         rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m),
-                            tuning=tuning)
+                            tuning=tuning, btg=btg)
     out.print(R.bench_mtp_table(cfg, ctx, k, rows, Mm.ALPHAS))
     out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
               f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")

@@ -59,6 +59,11 @@ def default_btg(batch: int) -> int:
     return next(t for t in SUPPORTED["btg"] if t >= want)
 
 
+def capped_btg(batch: int, btg: int | None) -> int | None:
+    """``bench --btg``'s tile at batch B: at most what B needs (None: the default from B)."""
+    return None if btg is None else min(btg, max_btg(batch))
+
+
 def max_btg(batch: int) -> int:
     """A tile larger than the smallest one that holds the whole batch only wastes registers."""
     return next(t for t in SUPPORTED["btg"] if t >= min(batch, SUPPORTED["btg"][-1]))

@@ -1,7 +1,7 @@
 """Compile the programs a device run needs into the gate's cache (QWEN38_CACHE) on the CPU
 machine, so the GPU machine loads them instead of running nvcc (carry the cache folder).
 
-  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:K|:t][:ptN] ...
+  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:K|:t][:ptN][:btgN] ...
   e.g. qwen3.8-27b:1 qwen3.8-27b:16 tiny:64 tiny:16:1 tiny:3:pt8
   (pt: `qwen38gen bench` uses 1 for the 27B; check uses QWEN38_PT or 16; ptN names it; K: the
   mtp lane's drafts; t: the trace variant of `bench --trace`)
@@ -54,23 +54,26 @@ def models() -> dict:
 
 
 def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
-    """MODEL:B[:K|:t][:ptN] -> (model, lanes, trace)."""
+    """MODEL:B[:K|:t][:ptN][:btgN] -> (model, lanes, trace)."""
     model, b, *rest = spec.split(":")
     if model not in models():
         raise SystemExit(f"error: {spec}: unknown preset {model!r}")
-    trace, mtp, pt = False, 0, None
+    trace, mtp, pt, btg = False, 0, None, None
     for item in rest:
         if item == "t":
             trace = True
         elif item.startswith("pt") and item[2:].isdigit():
             pt = int(item[2:])
+        elif item.startswith("btg") and item[3:].isdigit():
+            btg = int(item[3:])
         elif item.isdigit():
             mtp = int(item)
         else:
-            raise SystemExit(f"error: {spec}: {item!r} is none of K (mtp drafts), t (trace), ptN")
+            raise SystemExit(f"error: {spec}: {item!r} is none of K (mtp drafts), t (trace), ptN, "
+                             "btgN")
     if pt is None and model == "qwen3.8-27b" and not mtp:
         pt = 1
-    return model, Lanes.make(int(b), pt=pt, mtp=mtp, tuning=TUNING), trace
+    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=TUNING), trace
 
 
 def one(spec: str) -> str:

@@ -82,11 +82,21 @@ def test_serve_bench_on_a_cpu_backend():
         assert 0 < r.ttft_p50_ms <= r.ttft_p99_ms and 0 < r.tpot_p50_ms <= r.tpot_p99_ms
         assert r.decode_occupancy > 0.8 and r.tok_s > 0
     assert rows[1].steps < rows[0].steps
+    assert [r.lane.split("-")[:3] for r in rows] == [["b2", "btg8", "pt16"], ["b5", "btg8", "pt16"]]
     con = Console(width=250, record=True)
     con.print(serve_table(cfg, w.describe(), rows))
     out = con.export_text()
     assert "serving tiny, short: 3000 requests" in out and "TTFT" in out
     assert all(f"{r.steps} ({r.prefill_steps} / {r.decode_steps})" in out for r in rows)
+
+
+def test_bench_btg_is_capped_at_what_each_batch_needs():
+    """bench --btg T: the GEMV tile T at every B, capped at B's largest (B = 7 needs 8 rows)."""
+    from qwen38gen.perf.serve_bench import serve_lanes
+
+    assert [serve_lanes(B, 16, 0, btg=16).btg for B in (7, 16, 64)] == [8, 16, 16]
+    assert [serve_lanes(B, 16, 0).btg for B in (7, 16, 64)] == [8, 16, 64]
+    assert serve_lanes(64, 16, 0, btg=32).name.startswith("b64-btg32-pt16")
 
 
 def test_arrival_times_are_a_seeded_poisson_process():
@@ -196,7 +206,7 @@ def test_serve_bench_mtp_on_the_emulated_program():
 
     (r,) = serve_bench(cfg, [2], w, 8, n=4, slots=slots, mtp=1)
     want = sum(q.max_tokens for q in requests(w, cfg.vocab_size, 0, 4))
-    assert (r.mtp, r.schedule, r.output_tokens) == (1, "wait", want)
+    assert (r.mtp, r.schedule, r.output_tokens) == (1, "alternate", want)
     assert 0.0 <= r.acceptance <= 1.0 and 1.0 <= r.tokens_per_verify <= 2.0
     implied = [r.implied_tok_s[str(a)] for a in ALPHAS]
     assert implied == sorted(implied) and implied[-1] > 0
@@ -205,7 +215,10 @@ def test_serve_bench_mtp_on_the_emulated_program():
 @pytest.mark.parametrize("args,pattern", [
     (["--serve", "short", "--rate", "-2"], r"--rate -2\.0: give requests per second > 0"),
     (["--serve", "short", "--mtp", "1", "--schedule", "both"],
-     r"--schedule goes with the plain program; under --mtp decoding slots wait"),
+     r"--schedule goes with the plain program; under --mtp prefill chunks and verify steps "
+     r"alternate"),
+    (["--serve", "short", "--btg", "12"],
+     r"--btg 12 is not a supported batch tile; give one of 8, 16, 24, 32, 64"),
     (["--serve", "short", "--mtp", "9"], r"lane mtp=9 is not supported; supported mtp: 0, 1"),
 ])
 def test_bad_serve_options(args, pattern):

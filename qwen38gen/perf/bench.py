@@ -16,7 +16,7 @@ import numpy as np
 
 from ..build import build
 from ..config import ModelConfig
-from ..lanes import Lanes
+from ..lanes import Lanes, capped_btg
 from ..runtime import DeviceFill, Runtime, cuda_driver
 from ..tuning import Tuning
 from .timing import KINDS, kind_of, time_graph
@@ -171,12 +171,12 @@ def trace_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
 
 
 def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps: int = 30,
-          progress=None, trace: bool = False,
-          tuning: Tuning = Tuning()) -> tuple[float, list[BenchRow]]:
+          progress=None, trace: bool = False, tuning: Tuning = Tuning(),
+          btg: int | None = None) -> tuple[float, list[BenchRow]]:
     bw = copy_bandwidth_alone()
     rows = []
     for B in batches:
-        lanes = Lanes.make(B, pt=1, tuning=tuning)
+        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=1, tuning=tuning)
         if progress:
             progress(f"B={B}: emit + nvcc")
         cubin, man = build(cfg, lanes)

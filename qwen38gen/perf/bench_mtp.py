@@ -17,7 +17,7 @@ import numpy as np
 
 from ..build import build
 from ..config import ModelConfig
-from ..lanes import Lanes
+from ..lanes import Lanes, capped_btg
 from ..runtime import DeviceFill, Runtime
 from ..tuning import Tuning
 from .bench import fill_state, time_graph
@@ -52,18 +52,19 @@ def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[flo
 
 
 def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup: int = 5,
-              reps: int = 30, progress=None, tuning: Tuning = Tuning()) -> list[MtpRow]:
+              reps: int = 30, progress=None, tuning: Tuning = Tuning(),
+              btg: int | None = None) -> list[MtpRow]:
     rows = []
     for B in batches:
         say = progress or (lambda m: None)
-        plain = Lanes.make(B, pt=1, tuning=tuning)
+        plain = Lanes.make(B, btg=capped_btg(B, btg), pt=1, tuning=tuning)
         say(f"B={B}: plain program, emit + nvcc")
         cubin, man = build(cfg, plain)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
             fill_state(rt, ctx)
             say(f"B={B}: timing {reps} plain decode replays")
             tp = statistics.median(time_graph(rt, ctx, warmup, reps))
-        lanes = Lanes.make(B, pt=k + 1, mtp=k, tuning=tuning)
+        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=k + 1, mtp=k, tuning=tuning)
         say(f"B={B}: mtp={k} program, emit + nvcc")
         cubin, man = build(cfg, lanes)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + k + 2) as rt:

@@ -26,7 +26,7 @@ import numpy as np
 from ..build import build
 from ..config import ModelConfig
 from ..inputs import put_chunk
-from ..lanes import Lanes
+from ..lanes import Lanes, capped_btg
 from ..runtime import DeviceFill, Runtime
 from ..tuning import Tuning
 from .bench import copy_bandwidth_alone
@@ -93,14 +93,14 @@ def ttft_once(rt: Runtime, prompts: list[list[int]]) -> tuple[float, list[int]]:
 
 def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts: list[int],
                   reps: int = 3, progress=None, tuning: Tuning = Tuning(),
-                  on_row=None) -> tuple[float, list[PrefillRow]]:
+                  on_row=None, btg: int | None = None) -> tuple[float, list[PrefillRow]]:
     """``on_row(row)`` as each row is measured (a run cut short keeps what it printed)."""
     bw = copy_bandwidth_alone()
     rng = np.random.default_rng(0)
     rows = []
     for pt in pts:
         for B in batches:
-            lanes = Lanes.make(B, pt=pt, tuning=tuning)
+            lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=pt, tuning=tuning)
             if progress:
                 progress(f"pt={pt} B={B}: emit + nvcc")
             cubin, man = build(cfg, lanes)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import ModelConfig
-from ..lanes import Lanes
+from ..lanes import Lanes, capped_btg
 from ..tuning import Tuning
 from ..serve.run import default_ctx, make_engine
 from ..serve.workload import Workload, arrival_times, requests
@@ -39,7 +39,7 @@ ALPHAS = (0.5, 0.7, 0.9)
 class ServeRow:
     batch: int
     pt: int
-    schedule: str            # "ride" or "wait"
+    schedule: str            # "ride" or "wait"; "alternate" with mtp (spec_engine.py)
     requests: int
     output_tokens: int
     seconds: float
@@ -68,6 +68,7 @@ class ServeRow:
     phase_runs: dict = field(default_factory=dict)
     phase_ms: dict = field(default_factory=dict)
     gpu_ms_per_step: float | None = None
+    lane: str = ""           # the program's lane name (btg and tuning choices included)
 
 
 def ms_percentiles(a: np.ndarray) -> tuple[float, float]:
@@ -96,14 +97,19 @@ def gpu_weights(cfg: ModelConfig, mtp: bool = False):
 
 @contextmanager
 def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: int = 0,
-              tuning=None):
+              tuning=None, btg: int | None = None):
     """The emitted program's B slots on the GPU (RuntimeBackend, or run --mtp's spec backend)."""
     from ..serve.run import gpu_backend
 
-    with gpu_backend(cfg, Lanes.make(B, pt=pt, mtp=mtp, tuning=tuning or Tuning()), tensors, ctx) as be:
+    with gpu_backend(cfg, serve_lanes(B, pt, mtp, tuning, btg), tensors, ctx) as be:
         yield be
         if hasattr(be, "rt"):
             be.rt.stream.synchronize()
+
+
+def serve_lanes(B: int, pt: int, mtp: int, tuning=None, btg: int | None = None) -> Lanes:
+    """The lanes of the program served at B (``bench --btg``: the GEMV tile, capped at B's)."""
+    return Lanes.make(B, btg=capped_btg(B, btg), pt=pt, mtp=mtp, tuning=tuning or Tuning())
 
 
 def typical_position(results) -> int:
@@ -151,7 +157,7 @@ def time_phases(rt, runs: dict, position: int, reps: int = 20) -> dict:
 def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: int | None = None,
                 seed: int = 0, ride: bool = True, progress=lambda m: None,
                 slots=None, rate: float = 0.0, mtp: int = 0, on_row=None,
-                tuning=None) -> list[ServeRow]:
+                tuning=None, btg: int | None = None) -> list[ServeRow]:
     """The workload at each B; ``slots(cfg, B, pt, tensors, ctx, mtp)``: a context manager
     giving the backend (default ``gpu_slots``, with ``tuning``; the tests pass a CPU one);
     ``on_row(row)`` as each B is measured."""
@@ -160,7 +166,7 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
         from ..runtime import cuda_driver
 
         cuda_driver()
-        slots = partial(gpu_slots, tuning=tuning)
+        slots = partial(gpu_slots, tuning=tuning, btg=btg)
     reqs = requests(w, cfg.vocab_size, seed, n)
     at = arrival_times(len(reqs), rate, seed)
     warm = requests(w, cfg.vocab_size, seed + 1, 8)
@@ -205,12 +211,13 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
         tpot = np.array([(last[r.id] - first[r.id]) / (len(r.token_ids) - 1)
                          for r in results if len(r.token_ids) > 1])
         s = eng.stats
-        row = ServeRow(B, pt, "wait" if mtp or not ride else "ride", s.requests,
+        row = ServeRow(B, pt, "alternate" if mtp else "ride" if ride else "wait", s.requests,
                        s.output_tokens, round(sec, 3), round(s.output_tokens / sec, 1), s.steps,
                        s.prefill_steps, s.decode_steps, s.prompt_rows, s.busy_decode,
                        round(s.occupancy, 3), round(s.decode_occupancy, 3),
                        s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
-                       *ms_percentiles(ttft), *ms_percentiles(tpot), rate=rate, mtp=mtp)
+                       *ms_percentiles(ttft), *ms_percentiles(tpot), rate=rate, mtp=mtp,
+                       lane=serve_lanes(B, pt, mtp, tuning, btg).name)
         if runs and phase_ms:
             row.phase_runs, row.phase_ms = runs, phase_ms
             gpu = sum(n * phase_ms[ph] for ph, n in runs.items())
@@ -231,8 +238,9 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
 
 
 def to_json(cfg: ModelConfig, w: Workload, rows: list[ServeRow], device: str) -> dict:
-    # version 3: a row's phase_runs, phase_ms and gpu_ms_per_step (where a step goes)
-    return {"format": "qwen38gen-bench-serve", "version": 3, "model": cfg.name,
+    # version 3: a row's phase_runs, phase_ms and gpu_ms_per_step (where a step goes);
+    # version 4: a row's lane, and schedule "alternate" for --mtp
+    return {"format": "qwen38gen-bench-serve", "version": 4, "model": cfg.name,
             "device": device, "workload": w.describe(), "rows": [asdict(r) for r in rows]}
 
 
