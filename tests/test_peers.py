@@ -100,7 +100,7 @@ def test_bench_peers_cli_without_cuda(monkeypatch, tmp_path, capsys):
     row = Bm.BenchRow(batch=1, lane="b1", step_ms=4.0, step_ms_spread=(3.9, 4.1), tok_s=250.0,
                       floor_ms=3.3, floor_bytes=13.6e9, gbs=3400.0, ratio=1.2,
                       share={"gemv": 0.8, "rest": 0.2}, kernel_ms={"gemv": 3.2, "rest": 0.8})
-    monkeypatch.setattr(Bm, "bench", lambda cfg, bs, ctx, reps, progress, trace, tuning: (4e12, [row]))
+    monkeypatch.setattr(Bm, "bench", lambda cfg, bs, ctx, reps, progress, trace, tuning, btg: (4e12, [row]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ""))
     out = tmp_path / "b.json"

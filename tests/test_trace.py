@@ -115,7 +115,7 @@ def test_bench_trace_prints_the_timeline(monkeypatch, tmp_path, capsys):
                       trace=tr)
     seen = {}
 
-    def fake(cfg, bs, ctx, reps, progress, trace, tuning):
+    def fake(cfg, bs, ctx, reps, progress, trace, tuning, btg):
         seen["trace"], seen["tuning"] = trace, tuning
         return 4e12, [row]
 

@@ -116,8 +116,8 @@ class ProgramSlots:
                 self._put("samp_upar", self._upar.view(np.int32))
                 self._stale = False
             self._run("sample")
-        nxt = self._next()
-        return {b: int(nxt[b]) for b in positions}
+        nxt = self._next().tolist()
+        return {b: nxt[b] for b in positions}
 
 
 class RuntimeBackend(ProgramSlots):
