@@ -339,7 +339,7 @@ def emit(model, output, to_stdout, **lane_kw):
         raise UserError("emit: give --stdout (print the program) or -o FILE.cu (write it and its "
                         "manifest), not both")
     cfg = resolve_model(model).config
-    lanes = _make_lanes(**lane_kw)
+    lanes = _make_lanes(**lane_kw, model=cfg)
     prog = emit_program(cfg, lanes)
     if to_stdout:
         sys.stdout.write(prog.source)
@@ -399,11 +399,11 @@ def gate(files, matrix, jobs, quiet):
 
 
 # ------------------------------------------------------------------------------ run / golden
-def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None):
+def _make_lanes(batch, btg, pt, mtp, arch, lm_head, tune=(), tune_file=None, model=None):
     from qwen38gen.lanes import Lanes
 
     return Lanes.make(batch, btg=btg, pt=pt, mtp=mtp, arch=arch, lm_head=lm_head,
-                      tuning=_tuning(tune, tune_file))
+                      tuning=_tuning(tune, tune_file), model=model)
 
 
 @cli.command()
@@ -459,7 +459,7 @@ def run(model, weights_dir, seed, prompts_file, prompt_texts, chat, think, max_t
     from qwen38gen.model_source import resolve_model_source
 
     cfg, weights_dir, tok, _ = resolve_model_source(model, weights_dir)
-    lanes = _make_lanes(**lane_kw)
+    lanes = _make_lanes(**lane_kw, model=cfg)
     reqs = _run_requests(prompts_file, prompt_texts, cfg, tok, sampling_seed, chat=chat,
                          think=think, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos or None)
@@ -644,7 +644,7 @@ def check(model, golden_dir, ref_model, serve, **lane_kw):
     from qwen38gen.runtime import cuda_driver
 
     cfg = PRESETS[G.MODEL] if model is None else check_model(model, golden_dir)
-    lanes = _make_lanes(**lane_kw)
+    lanes = _make_lanes(**lane_kw, model=cfg)
     if ref_model is not None and serve:
         raise UserError("check: give --reference MODEL or --serve, not both")
     if ref_model is not None:

@@ -51,11 +51,23 @@ def _describe(allowed) -> str:
     return ", ".join(str(a) for a in allowed)
 
 
-def default_btg(batch: int) -> int:
+# A model whose int4 weights take at most this many bytes keeps them in L2 (50 MB on the H100
+# and H200) from one weight pass to the next: extra passes cost nothing, so its tile stops at
+# 16 rows (version 28: the tiny model's B = 64 step 0.56 -> 0.26 ms at 16 rows, H100).
+SMALL_WEIGHTS = 16 * 2**20
+SMALL_BTG = 16
+
+
+def default_btg(batch: int, weight_bytes: float | None = None) -> int:
     """The smallest supported batch tile that holds min(batch, 64) sequences: one pass over the
     weights serves up to 64 sequences (wgmma_q4 or gemm_q4 at 64 rows, plan/table.py). The
-    24-row tile (version 16) serves B = 17 ... 24 for less than the 32-row one."""
+    24-row tile (version 16) serves B = 17 ... 24 for less than the 32-row one. With the model's
+    int4 ``weight_bytes`` at most SMALL_WEIGHTS, at most 16 rows: the weights sit in L2, and the
+    64-row kernels' pipelines, on the 8–16 blocks such a model's projections give them, cost
+    more than the passes they save (gemv_q4 over grid.y instead)."""
     want = min(batch, 64)
+    if weight_bytes is not None and weight_bytes <= SMALL_WEIGHTS:
+        want = min(want, SMALL_BTG)
     return next(t for t in SUPPORTED["btg"] if t >= want)
 
 
@@ -117,12 +129,15 @@ class Lanes:
             )
 
     @classmethod
-    def make(cls, batch: int, btg: int | None = None, pt: int | None = None, **kw) -> "Lanes":
-        """Lanes with defaults: btg from the batch, pt from QWEN38_PT or DEFAULT_PT."""
+    def make(cls, batch: int, btg: int | None = None, pt: int | None = None, model=None,
+             **kw) -> "Lanes":
+        """Lanes with defaults: btg from the batch (and, given ``model``, a ModelConfig, from
+        its int4 weights' size: ``default_btg``), pt from QWEN38_PT or DEFAULT_PT."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch not in SUPPORTED["batch"]:
             raise UserError(f"lane batch={batch!r} is not supported; "
                             f"supported batch: {_describe(SUPPORTED['batch'])}")
-        return cls(batch=batch, btg=default_btg(batch) if btg is None else btg,
+        wb = None if model is None else model.int4_weight_bytes()
+        return cls(batch=batch, btg=default_btg(batch, wb) if btg is None else btg,
                    pt=pt_from_env() if pt is None else pt, **kw)
 
     @property

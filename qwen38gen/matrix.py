@@ -23,11 +23,12 @@ PORTABLE_BATCHES = (16, 64)   # the sm_90 build (no wgmma) at the default pt
 
 
 def matrix_lanes() -> list[tuple[str, Lanes]]:
-    return ([(m, Lanes.make(b, pt=pt)) for m in MODELS for b in BATCHES for pt in PTS]
-            + [(m, Lanes.make(b, pt=DEFAULT_PT, mtp=k))
-               for m in MODELS for b in MTP_BATCHES for k in MTP_K]
-            + [(m, Lanes.make(b, pt=DEFAULT_PT, arch="sm_90"))
-               for m in MODELS for b in PORTABLE_BATCHES])
+    def make(m, b, **kw):   # the lanes a user gets for model m at B (its default tile)
+        return m, Lanes.make(b, model=PRESETS[m], **kw)
+
+    return ([make(m, b, pt=pt) for m in MODELS for b in BATCHES for pt in PTS]
+            + [make(m, b, pt=DEFAULT_PT, mtp=k) for m in MODELS for b in MTP_BATCHES for k in MTP_K]
+            + [make(m, b, pt=DEFAULT_PT, arch="sm_90") for m in MODELS for b in PORTABLE_BATCHES])
 
 
 def run_matrix(jobs: int = 2, console=None, out_dir: Path | None = None):

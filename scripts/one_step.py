@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python3 scripts/one_step.py [B [refill]]")
     B = int(argv[0]) if argv else 3
     cfg = PRESETS["tiny"]
-    cubin, man = build(cfg, Lanes.make(B, pt=PT))
+    cubin, man = build(cfg, Lanes.make(B, pt=PT, model=cfg))
     with Runtime(cubin, man, cfg, default_tensors(cfg), tmax=64) as rt:
         for line in scenario(rt, cfg, B, refill, lambda ph: rt.run_phase(ph, graph=False)):
             print(line)

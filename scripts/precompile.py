@@ -73,7 +73,8 @@ def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
                              "btgN")
     if pt is None and model == "qwen3.8-27b" and not mtp:
         pt = 1
-    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=TUNING), trace
+    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=TUNING,
+                             model=models()[model]), trace
 
 
 def one(spec: str) -> str:

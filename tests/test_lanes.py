@@ -21,6 +21,21 @@ def test_defaults_and_name(monkeypatch):
         and Lanes.make(200).btg == 64
 
 
+def test_the_default_tile_of_a_model_whose_weights_sit_in_l2():
+    """Given the model, a model whose int4 weights fit SMALL_WEIGHTS takes at most 16 rows a
+    tile (version 28, H100: the tiny model's B = 64 step 0.56 -> 0.26 ms); the others as before;
+    an explicit btg wins."""
+    from qwen38gen.config import PRESETS
+    from qwen38gen.lanes import SMALL_WEIGHTS
+
+    tiny, big = PRESETS["tiny"], PRESETS["qwen3.8-27b"]
+    assert tiny.int4_weight_bytes() <= SMALL_WEIGHTS < PRESETS["qwen3.5-0.8b"].int4_weight_bytes()
+    assert [Lanes.make(b, model=tiny).btg for b in (1, 7, 16, 17, 32, 64, 200)] == \
+        [8, 8, 16, 16, 16, 16, 16]
+    assert [Lanes.make(b, model=big).btg for b in (1, 16, 17, 64)] == [8, 16, 24, 64]
+    assert Lanes.make(64, btg=64, model=tiny).btg == 64
+
+
 def test_pt_from_environment(monkeypatch):
     monkeypatch.setenv(PT_ENV, "64")
     assert Lanes.make(4).pt == 64

@@ -91,12 +91,16 @@ def test_serve_bench_on_a_cpu_backend():
 
 
 def test_bench_btg_is_capped_at_what_each_batch_needs():
-    """bench --btg T: the GEMV tile T at every B, capped at B's largest (B = 7 needs 8 rows)."""
+    """bench --btg T: the GEMV tile T at every B, capped at B's largest (B = 7 needs 8 rows);
+    without it, the model's default (the tiny model's weights sit in L2: 16 rows at most)."""
+    from qwen38gen.config import PRESETS
     from qwen38gen.perf.serve_bench import serve_lanes
 
-    assert [serve_lanes(B, 16, 0, btg=16).btg for B in (7, 16, 64)] == [8, 16, 16]
-    assert [serve_lanes(B, 16, 0).btg for B in (7, 16, 64)] == [8, 16, 64]
-    assert serve_lanes(64, 16, 0, btg=32).name.startswith("b64-btg32-pt16")
+    big, tiny = PRESETS["qwen3.8-27b"], PRESETS["tiny"]
+    assert [serve_lanes(big, B, 16, 0, btg=16).btg for B in (7, 16, 64)] == [8, 16, 16]
+    assert [serve_lanes(big, B, 16, 0).btg for B in (7, 16, 64)] == [8, 16, 64]
+    assert [serve_lanes(tiny, B, 16, 0).btg for B in (7, 16, 64)] == [8, 16, 16]
+    assert serve_lanes(tiny, 64, 16, 0, btg=32).name.startswith("b64-btg32-pt16")
 
 
 def test_arrival_times_are_a_seeded_poisson_process():

@@ -176,7 +176,7 @@ def bench(cfg: ModelConfig, batches: list[int], ctx: int, warmup: int = 5, reps:
     bw = copy_bandwidth_alone()
     rows = []
     for B in batches:
-        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=1, tuning=tuning)
+        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=1, tuning=tuning, model=cfg)
         if progress:
             progress(f"B={B}: emit + nvcc")
         cubin, man = build(cfg, lanes)

@@ -162,7 +162,7 @@ def program_costs(cfg: ModelConfig, batch: int, ctx: int) -> list[LaunchCost]:
     """Emit today's default decode program at `batch` (as bench does) and cost its launches."""
     from ..emit import emit_program
 
-    return launch_costs(cfg, emit_program(cfg, Lanes.make(batch, pt=1)).manifest, ctx)
+    return launch_costs(cfg, emit_program(cfg, Lanes.make(batch, pt=1, model=cfg)).manifest, ctx)
 
 
 # ---------------------------------------------------------------- today's program

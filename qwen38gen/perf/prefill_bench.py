@@ -100,7 +100,7 @@ def prefill_bench(cfg: ModelConfig, batches: list[int], prompts: list[int], pts:
     rows = []
     for pt in pts:
         for B in batches:
-            lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=pt, tuning=tuning)
+            lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=pt, tuning=tuning, model=cfg)
             if progress:
                 progress(f"pt={pt} B={B}: emit + nvcc")
             cubin, man = build(cfg, lanes)

@@ -101,15 +101,18 @@ def gpu_slots(cfg: ModelConfig, B: int, pt: int, tensors: dict, ctx: int, mtp: i
     """The emitted program's B slots on the GPU (RuntimeBackend, or run --mtp's spec backend)."""
     from ..serve.run import gpu_backend
 
-    with gpu_backend(cfg, serve_lanes(B, pt, mtp, tuning, btg), tensors, ctx) as be:
+    with gpu_backend(cfg, serve_lanes(cfg, B, pt, mtp, tuning, btg), tensors, ctx) as be:
         yield be
         if hasattr(be, "rt"):
             be.rt.stream.synchronize()
 
 
-def serve_lanes(B: int, pt: int, mtp: int, tuning=None, btg: int | None = None) -> Lanes:
-    """The lanes of the program served at B (``bench --btg``: the GEMV tile, capped at B's)."""
-    return Lanes.make(B, btg=capped_btg(B, btg), pt=pt, mtp=mtp, tuning=tuning or Tuning())
+def serve_lanes(cfg: ModelConfig, B: int, pt: int, mtp: int, tuning=None,
+                btg: int | None = None) -> Lanes:
+    """The lanes of the program served at B (``bench --btg``: the GEMV tile, capped at B's;
+    else the model's default)."""
+    return Lanes.make(B, btg=capped_btg(B, btg), pt=pt, mtp=mtp, tuning=tuning or Tuning(),
+                      model=cfg)
 
 
 def typical_position(results) -> int:
@@ -217,7 +220,7 @@ def serve_bench(cfg: ModelConfig, batches: list[int], w: Workload, pt: int, n: i
                        round(s.occupancy, 3), round(s.decode_occupancy, 3),
                        s.lockstep_steps, round(1e3 * sec / max(1, s.steps), 3),
                        *ms_percentiles(ttft), *ms_percentiles(tpot), rate=rate, mtp=mtp,
-                       lane=serve_lanes(B, pt, mtp, tuning, btg).name)
+                       lane=serve_lanes(cfg, B, pt, mtp, tuning, btg).name)
         if runs and phase_ms:
             row.phase_runs, row.phase_ms = runs, phase_ms
             gpu = sum(n * phase_ms[ph] for ph, n in runs.items())

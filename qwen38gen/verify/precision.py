@@ -162,7 +162,7 @@ def measure(cfg: ModelConfig, batches=(3, 16), steps: int = STEPS, tensors: dict
     runs = []
     for B in batches:
         slots = [prompts[i % len(prompts)] for i in range(max(B, len(prompts)))]
-        got, states = run_batches(cfg, Lanes.make(B), tensors, slots, steps, tmax,
+        got, states = run_batches(cfg, Lanes.make(B, model=cfg), tensors, slots, steps, tmax,
                                   keep_state=True)
         runs.append({"batch": B, "got": got, "states": states})
     del tensors
