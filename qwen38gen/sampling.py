@@ -139,19 +139,23 @@ def draw_u64(seed: int, position: int) -> int:
 
 # ------------------------------------------------------------------------------ the rule
 def exp2q(t: np.ndarray) -> np.ndarray:
-    """2^t for float32 t ≤ 0 by the rule's recipe (step 3): bit-exact with the kernel."""
+    """2^t for float32 t ≤ 0 by the rule's recipe (step 3): bit-exact with the kernel. (float32
+    arrays times and plus float32 scalars round each operation to float32, as the rule says;
+    only the live entries, t ≥ −32, are computed.)"""
     t = np.asarray(t, np.float32)
     with np.errstate(invalid="ignore"):
-        live = t >= np.float32(-32)
-    tt = np.where(live, t, np.float32(0))
+        live = np.flatnonzero(t >= np.float32(-32))
+    out = np.zeros(t.shape, np.float32)
+    tt = t.reshape(-1)[live]
     k = np.floor(tt)
-    f = (tt - k).astype(np.float32)
-    q = EXP2_COEFFS[-1] * np.ones_like(f)
+    f = tt - k                                                  # exact, float32
+    q = np.full_like(f, EXP2_COEFFS[-1])
     for c in EXP2_COEFFS[-2::-1]:
-        q = (q * f).astype(np.float32)
-        q = (q + c).astype(np.float32)
-    e = np.ldexp(q, k.astype(np.int32)).astype(np.float32)      # exact: k in [−32, 0]
-    return np.where(live, e, np.float32(0))
+        q *= f
+        q += c
+    e = np.ldexp(q, k.astype(np.int32))                         # exact: k in [−32, 0]
+    out.reshape(-1)[live] = e
+    return out
 
 
 def weights(x: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
@@ -174,17 +178,38 @@ def survivors(x: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]
         tau = np.partition(x, V - p.top_k)[V - p.top_k]
         keep &= x >= tau
     if p.top_p_q24 < 1 << TOP_P_BITS:
-        W = int(w[keep].sum(dtype=np.uint64))
-        P = -(-(p.top_p_q24 * W) // (1 << TOP_P_BITS))
-        xs_idx = np.flatnonzero(keep)
-        order = np.argsort(x[xs_idx], kind="stable")
-        xs, ws = x[xs_idx][order], w[xs_idx][order]
-        cum = np.concatenate([[np.uint64(0)], np.cumsum(ws, dtype=np.uint64)])
-        above = np.uint64(W) - cum[np.searchsorted(xs, xs, side="right")]   # Σ w_j, x_j > x_i
-        stay = np.zeros(V, bool)
-        stay[xs_idx[order]] = above < np.uint64(P)
-        keep = stay
+        keep = _nucleus(x, w, keep, p.top_p_q24)
     return keep, w
+
+
+def _nucleus(x: np.ndarray, w: np.ndarray, keep: np.ndarray, q24: int) -> np.ndarray:
+    """Step 5: the candidates i with Σ_{j∈K, x_j > x_i} w_j < P. Only the largest candidates can
+    stay, so the candidates are ranked from the top, m at a time (a partition, then a sort of
+    the m), until the ones ranked hold ≥ P of the weight: a candidate below all of them has at
+    least that much above it, and one tied with the lowest of them stays as that one does."""
+    idx = np.flatnonzero(keep)
+    xk, wk = x[idx], w[idx]
+    W = int(wk.sum(dtype=np.uint64))
+    P = -(-(q24 * W) // (1 << TOP_P_BITS))
+    n = idx.size
+    m = min(n, 1024)
+    while True:
+        top = np.argpartition(xk, n - m)[n - m:] if m < n else np.arange(n)
+        top = top[np.argsort(-xk[top], kind="stable")]             # descending values
+        xs, ws = xk[top], wk[top]
+        cum = np.cumsum(ws, dtype=np.uint64)
+        if m == n or int(cum[-1]) >= P:
+            break
+        m = min(n, 8 * m)
+    # above[i] = Σ w over ranked values > xs[i]: the sum before the first of xs[i]'s ties
+    first = np.searchsorted(-xs, -xs, side="left")
+    above = np.where(first > 0, cum[np.maximum(first - 1, 0)], np.uint64(0))
+    stay_ranked = above < np.uint64(P)
+    stay = np.zeros(x.shape[0], bool)
+    stay[idx[top[stay_ranked]]] = True
+    if m < n and stay_ranked[-1]:          # ties of the lowest ranked value outside the ranked m
+        stay[idx[xk == xs[-1]]] = True
+    return stay
 
 
 def sample(x: np.ndarray, p: SamplingParams, position: int) -> int:

@@ -122,5 +122,20 @@ def accept_row(logits: np.ndarray, drafts, params: SamplingParams, position: int
     if params.greedy:
         am = np.argmax(logits, axis=-1) if argmax_rows is None else argmax_rows
         return greedy_accept(am, drafts)
-    return speculative_sample([target_weights(x, params) for x in logits], drafts, params.seed,
-                              position)
+    return speculative_sample(_Rows(logits, params), drafts, params.seed, position)
+
+
+class _Rows:
+    """The K+1 rows' ``target_weights``, each made when the rule first reads it: row j is read
+    only while drafts 1 … j are kept, so a pass that rejects d_1 costs one row, not K+1."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self.logits, self.params, self.made = logits, params, {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        if j not in self.made:
+            self.made[j] = target_weights(self.logits[j], self.params)
+        return self.made[j]

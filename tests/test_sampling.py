@@ -73,6 +73,48 @@ def test_filters_by_definition():
         assert keep[3] and keep[9] and keep[50]           # the maxima always stay
 
 
+def _nucleus_by_definition(x, w, keep, q24):
+    """Step 5 as written: every candidate against the weight of the candidates above it (a full
+    sort; sampling._nucleus ranks only the largest, and must agree with this bit for bit)."""
+    W = int(w[keep].sum(dtype=np.uint64))
+    P = -(-(q24 * W) // (1 << S.TOP_P_BITS))
+    xs_idx = np.flatnonzero(keep)
+    order = np.argsort(x[xs_idx], kind="stable")
+    xs, ws = x[xs_idx][order], w[xs_idx][order]
+    cum = np.concatenate([[np.uint64(0)], np.cumsum(ws, dtype=np.uint64)])
+    above = np.uint64(W) - cum[np.searchsorted(xs, xs, side="right")]
+    stay = np.zeros(x.shape[0], bool)
+    stay[xs_idx[order]] = above < np.uint64(P)
+    return stay
+
+
+@pytest.mark.parametrize("V", [7, 400, 5000, 248320])
+def test_the_nucleus_ranks_only_what_it_needs(V):
+    """sampling._nucleus (the largest candidates ranked m at a time) equals step 5 by definition
+    on rows with ties (at the top, in the middle, at the edge of the ranked m), narrow and flat
+    rows (where the nucleus holds nearly everything), with and without top_k / min_p."""
+    rng = np.random.default_rng(V)
+    rows = [rng.standard_normal(V).astype(np.float32) * sc for sc in (0.01, 1.0, 3.0, 30.0)]
+    rows.append(np.round(rng.standard_normal(V) * 4).astype(np.float32))   # many ties
+    flat = np.zeros(V, np.float32)
+    flat[: V // 2] = 1.0
+    rows.append(flat)
+    n = 0
+    for x in rows:
+        for t, tp, k, mp in ((1.0, 0.9, -1, 0.0), (0.7, 0.95, 50, 0.0), (1.3, 0.5, -1, 0.05),
+                             (0.9, 0.999, -1, 0.0), (2.0, 0.3, 2000, 0.0), (1.0, 1e-6, -1, 0.0)):
+            prm = S.SamplingParams(temperature=t, top_p=tp, top_k=k, min_p=mp)
+            e, w = S.weights(x, t)
+            keep = e >= np.float32(mp)
+            if 1 <= k < V:
+                keep &= x >= np.partition(x, V - k)[V - k]
+            want = _nucleus_by_definition(x, w, keep, prm.top_p_q24)
+            got, _ = S.survivors(x, prm)
+            assert np.array_equal(got, want), (t, tp, k, mp)
+            n += int(want.sum())
+    assert n > 0
+
+
 def test_draw_distribution():
     """4000 draws of a 6-token row at T = 1 and T = 0.5: frequencies within 5 standard errors of
     the softmax (each position is an independent draw)."""
