@@ -11,6 +11,14 @@
 //                -> tok int32 [R]
 //                A greedy row (temperature < 1e-5) gets argmax l[r] with ties to the smaller
 //                index, as argmax_rows (elementwise.cuh) gives it.
+//   sample_rows<V, SPLIT, 1>  speculative sampling on the device (qwen38gen/spec_sampling.py,
+//                one-hot drafts): the rows of a verify pass, r = b·KP + j, the parameters those
+//                of slot b (fpar/upar row b), the position of row j's token ctr[b] + 1 + j (ctr
+//                = the slot's pos before the pass). Row j < KP−1 judges draft d = vtok[r + 1]:
+//                acc[r] = 1 iff floor(U(…, ACCEPT) · W' / 2^64) < w_d (p(d) = w_d / W'), and if
+//                not, tok[r] = the draw from the weights with w_d set to 0, by U(…, RESIDUAL);
+//                row KP−1 draws as sample_rows does (the bonus token). Greedy slots' rows are
+//                left alone (spec_accept_sampled takes their argmax).
 //
 // One block per row, no sorting: passes over the row (0.5 MB at V = 248320: it stays in L2).
 //   1  max and argmax; a greedy row stops here.
@@ -178,11 +186,13 @@ __device__ __forceinline__ void key_histogram(const uint4* __restrict__ row,
   }
 }
 
-template <int V, int SPLIT = 0>
+template <int V, int SPLIT = 0, int SPEC = 0>
 __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
                                             const float* __restrict__ fpar,
                                             const uint32_t* __restrict__ upar,
-                                            const int* __restrict__ ctr, int* __restrict__ tok) {
+                                            const int* __restrict__ ctr, int* __restrict__ tok,
+                                            const int* __restrict__ vtok = nullptr, int kp = 1,
+                                            int* __restrict__ acc = nullptr) {
   constexpr int NT = SampleLaunch<V>::threads, NW = NT / 32, NV = V / 8;
   constexpr int NVW = (NV + NW - 1) / NW;  // vectors per warp slice in the draw
   static_assert(V % 8 == 0, "sample_rows: V must be a multiple of 8");
@@ -194,6 +204,14 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
   __shared__ int si[NW];
   const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint4* row = reinterpret_cast<const uint4*>(logits + (size_t)r * V);
+  // SPEC: the parameters' row (the slot's), the row's position and draft (none: -1).
+  const int pr = SPEC ? r / kp : r;
+  int pos_r = 0, draft = -1;
+  if constexpr (SPEC) {
+    if (!(fpar[2 * pr] >= 1e-5f)) return;  // a greedy slot: spec_accept_sampled takes argmax
+    pos_r = ctr[pr] + 1 + r % kp;
+    if (r % kp < kp - 1) draft = vtok[r + 1];
+  }
 
   // 1. max and argmax: each thread walks its indices upward, strict > keeps the first maximum.
   float bv = -INFINITY;
@@ -219,13 +237,13 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
   bi = si[0];
   for (int w = 1; w < NW; ++w)
     if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) { bv = sv[w]; bi = si[w]; }
-  SampleRow R{bv, fpar[2 * r], fpar[2 * r + 1], 0u, 0u};
+  SampleRow R{bv, fpar[2 * pr], fpar[2 * pr + 1], 0u, 0u};
   if (!(R.t >= 1e-5f)) {
     if (threadIdx.x == 0) tok[r] = bi;
     return;
   }
-  const int top_k = (int)upar[4 * r];
-  const uint32_t q24 = upar[4 * r + 1];
+  const int top_k = (int)upar[4 * pr];
+  const uint32_t q24 = upar[4 * pr + 1];
 
   // 2. top_k: the key of the k-th largest logit, high byte then low byte.
   if (top_k >= 1 && top_k < V) {
@@ -284,9 +302,28 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
     __syncthreads();
   }
 
+  // SPEC, a draft's row: accept d with probability w_d / W'; else draw from the rest (w_d = 0).
+  uint32_t purpose = 0u;
+  if constexpr (SPEC) {
+    if (draft >= 0) {
+      uint32_t kd;
+      const uint32_t bits = reinterpret_cast<const uint16_t*>(logits + (size_t)r * V)[draft];
+      const unsigned long long wd = R.weight(bits, kd);
+      const uint4 ua = philox4x32_10(make_uint4((uint32_t)pos_r, 1u, 0u, 0u), upar[4 * pr + 2],
+                                     upar[4 * pr + 3]);
+      const bool ok = __umul64hi(((unsigned long long)ua.y << 32) | ua.x, total) < wd;
+      if (threadIdx.x == 0) acc[r] = ok ? 1 : 0;
+      if (ok) return;
+      total -= wd;  // > 0: W' = w_d would have accepted
+      purpose = 2u;
+    }
+  }
+
   // 4. the draw: r = floor(U · W' / 2^64); the first index whose running weight exceeds r.
-  const uint4 u = philox4x32_10(make_uint4((uint32_t)ctr[r], 0u, 0u, 0u), upar[4 * r + 2],
-                                upar[4 * r + 3]);
+  const uint4 u = SPEC ? philox4x32_10(make_uint4((uint32_t)pos_r, purpose, 0u, 0u),
+                                       upar[4 * pr + 2], upar[4 * pr + 3])
+                       : philox4x32_10(make_uint4((uint32_t)ctr[r], 0u, 0u, 0u), upar[4 * r + 2],
+                                       upar[4 * r + 3]);
   unsigned long long target = __umul64hi(((unsigned long long)u.y << 32) | u.x, total);
   const int v0 = warp * NVW, v1 = min(v0 + NVW, NV);
   unsigned long long s = 0;
@@ -294,7 +331,12 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
     uint32_t b[8], k;
     bf16_bits8(ldg16(row + v), b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) s += R.weight(b[e], k);
+    for (int e = 0; e < 8; ++e) {
+      if constexpr (SPEC) {
+        if (8 * v + e == draft) continue;  // the rejected draft's weight is 0 here
+      }
+      s += R.weight(b[e], k);
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -319,7 +361,13 @@ __device__ __forceinline__ void sample_rows(const bf16* __restrict__ logits,
       uint32_t b[8], k;
       bf16_bits8(ldg16(row + v), b);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) { w8[e] = R.weight(b[e], k); ws += w8[e]; }
+      for (int e = 0; e < 8; ++e) {
+        w8[e] = R.weight(b[e], k);
+        if constexpr (SPEC) {
+          if (8 * v + e == draft) w8[e] = 0ull;
+        }
+        ws += w8[e];
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) w8[e] = 0ull;

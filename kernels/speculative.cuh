@@ -13,6 +13,11 @@
 //                    idled in the pass (ntok[b] = 0: no rows, no state written) keeps slot[b] and
 //                    vtok[b·KP]: emit all −1, count[b] = ntok_m[b] = 0 (its MTP rows idle and its
 //                    position does not move). grid ceil(B/128).
+//   spec_accept_sampled<KP>  spec_accept where slots may sample (Tuning.spec_sample): a slot
+//                    whose temperature (fpar[2b]) is ≥ 1e-5 keeps its drafts while sacc[b·KP + j]
+//                    (sampling.cuh, SPEC = 1) says so, then the token stok[b·KP + n] (the residual
+//                    draw, or the bonus draw when all K are kept); its kept tokens also go to
+//                    vnext[b·KP + t] (the MTP rows' tokens). Greedy slots as spec_accept.
 //   spec_tokens<PT>  the MTP token rows of a prefill chunk: mtok[r] = mnext[r] if mnext[r] ≥ 0,
 //                    else next[r / PT] (the target's freshly sampled token). mnext is host-supplied
 //                    (the prompt token after row r; −1 on a prompt's last row). grid ceil(R/128).
@@ -58,6 +63,41 @@ __device__ __forceinline__ void spec_accept(int* __restrict__ vtok, const int* _
   slot[b] = n;
   ntok_m[b] = n + 1;
   d[0] = ab[n];
+}
+
+template <int KP>
+__device__ __forceinline__ void spec_accept_sampled(
+    int* __restrict__ vtok, int* __restrict__ a, const int* __restrict__ ntok,
+    const int* __restrict__ sacc, const int* __restrict__ stok, const float* __restrict__ fpar,
+    int* __restrict__ emit, int* __restrict__ count, int* __restrict__ slot,
+    int* __restrict__ ntok_m, int B) {
+  static_assert(KP >= 2, "spec_accept_sampled: at least one draft");
+  const int b = blockIdx.x * SpecLaunch::threads + threadIdx.x;
+  if (b >= B) return;
+  if (!(fpar[2 * b] >= 1e-5f)) {  // greedy: spec_accept's rule
+    spec_accept<KP>(vtok, a, ntok, emit, count, slot, ntok_m, B);
+    return;
+  }
+  if (ntok[b] <= 0) {  // idled in the pass: nothing kept, nothing moves
+#pragma unroll
+    for (int j = 0; j < KP; ++j) emit[(size_t)b * KP + j] = -1;
+    count[b] = 0;
+    ntok_m[b] = 0;
+    return;
+  }
+  int* const d = vtok + (size_t)b * KP;
+  int n = 0;
+  while (n < KP - 1 && sacc[(size_t)b * KP + n] == 1) ++n;
+#pragma unroll
+  for (int j = 0; j < KP; ++j) {
+    const int t = j < n ? d[j + 1] : j == n ? stok[(size_t)b * KP + n] : -1;
+    emit[(size_t)b * KP + j] = t;
+    if (j <= n) a[(size_t)b * KP + j] = t;
+  }
+  count[b] = n + 1;
+  slot[b] = n;
+  ntok_m[b] = n + 1;
+  d[0] = stok[(size_t)b * KP + n];
 }
 
 template <int PT>

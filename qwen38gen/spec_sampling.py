@@ -16,7 +16,10 @@ q_1 … q_K (the MTP drafts greedily, so q_j is one-hot at d_j, which this allow
 * for j = 1 … K: u = U(seed, P+j−1, ACCEPT) / 2^64; d_j is accepted iff u · q_j(d_j) < p_{j−1}(d_j)
   (probability min(1, p/q)). At the first rejection the token at P+j−1 is drawn from the residual
   max(0, p_{j−1} − q_j), normalised, by inverse CDF in index order with U(seed, P+j−1, RESIDUAL),
-  and the pass ends: n = j−1 drafts kept, n+1 tokens.
+  and the pass ends: n = j−1 drafts kept, n+1 tokens. With one-hot drafts (the MTP's; q None)
+  both are integer arithmetic on the rule's weights w (``judge_draft``): accepted iff
+  floor(U · W' / 2^64) < w(d), W' = Σ w; the residual is the weights with w(d) set to 0, drawn as
+  ``draw_weighted`` draws. kernels/sampling.cuh (SPEC = 1) computes the same, bit for bit.
 * all K accepted: the bonus token at P+K is drawn from p_K with U(seed, P+K, 0), exactly as
   ``sampling.sample(x_K, params, P+K)`` draws it (bit for bit).
 
@@ -67,6 +70,18 @@ def draw_weighted(w: np.ndarray, u: int) -> int:
     return int(np.searchsorted(cum, np.uint64(r), side="right"))
 
 
+def judge_draft(w: np.ndarray, d: int, seed: int, position: int) -> tuple[bool, int | None]:
+    """A verify row's judgement of its one-hot draft d, on the row's ``target_weights`` w:
+    (accepted, None), or (rejected, the token drawn from the rest) (module docstring)."""
+    W = int(w.sum(dtype=np.uint64))
+    wd = int(w[d])
+    if (keyed_u64(seed, position, ACCEPT) * W) >> 64 < wd:
+        return True, None
+    rest = w.copy()
+    rest[d] = 0
+    return False, draw_weighted(rest, keyed_u64(seed, position, RESIDUAL))
+
+
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """The law drawn from after a rejection, unnormalised: max(0, p − q)."""
     return np.maximum(p - q, 0.0)
@@ -86,13 +101,15 @@ def speculative_sample(weights: list[np.ndarray], drafts, seed: int, position: i
     out: list[int] = []
     for j in range(K):
         w = weights[j]
-        p = w.astype(np.float64) / float(w.sum())
         d = int(drafts[j])
-        if q is None:
-            qj = np.zeros_like(p)
-            qj[d] = 1.0
-        else:
-            qj = np.asarray(q[j], np.float64)
+        if q is None:                       # one-hot drafts: integer arithmetic
+            ok, t = judge_draft(w, d, seed, position + j)
+            out.append(d if ok else t)
+            if ok:
+                continue
+            return out
+        p = w.astype(np.float64) / float(w.sum())
+        qj = np.asarray(q[j], np.float64)
         u = keyed_u64(seed, position + j, ACCEPT) / TWO64
         if u * qj[d] < p[d]:
             out.append(d)

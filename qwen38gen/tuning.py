@@ -62,6 +62,11 @@ KNOBS: dict[str, Knob] = {
                          help="the sampler's histogram sums by 32-bit shared atomics with a carry "
                               "(same tokens, ~10x faster on an H100: version 28; the default once "
                               "the locks have run with it)"),
+    "spec_sample": Knob("0, 1", "bool",
+                        help="mtp programs: sampled slots' drafts accepted on the device (the "
+                             "sampler judges each verify row, spec_accept_sampled keeps them; "
+                             "0: the host reads the rows' logits; built in version 28, not yet "
+                             "run on a GPU)"),
     "multi_tile": Knob("table, 8, 16, 32", "optint", (8, 16, 32),
                        help="gemv_q4's batch tile on launches over more rows than the lane's "
                             "btg (prefill chunks, verify passes; table: the lane's tile)"),
@@ -135,6 +140,7 @@ class Tuning:
     attn_grid: int | None = None
     multi_tile: int | None = None
     sample_split: bool = False
+    spec_sample: bool = False
 
     def __post_init__(self):
         for f in fields(self):

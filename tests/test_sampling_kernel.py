@@ -41,6 +41,26 @@ def test_compiles_through_the_gate(tmp_path, monkeypatch):
     assert all(k.stack == 0 and k.spill_stores == 0 for k in res.kernels)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_speculative_form_compiles_through_the_gate(tmp_path, monkeypatch):
+    """sample_rows with SPEC = 1 (Tuning.spec_sample, both sum forms) compiles through the gate
+    without stack or spills (tests/gpu/test_sampling.py runs it against the twin)."""
+    from qwen38gen import gate as G
+
+    monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
+    src = '#include "sampling.cuh"\n' + "".join(
+        f'extern "C" __global__ void __launch_bounds__(1024) q38_spec_{sp}(const q38::bf16* l, '
+        f"const float* fpar, const uint32_t* upar, const int* ctr, int* tok, const int* vtok, "
+        f"int kp, int* acc) {{ q38::sample_rows<248320, {sp}, 1>(l, fpar, upar, ctr, tok, vtok, "
+        f"kp, acc); }}\n" for sp in (0, 1))
+    res = G.compile_source(src, "spec_sampling.cu", include_dirs=(str(kernels_dir()),))
+    assert sorted(k.name for k in res.kernels) == ["q38_spec_0", "q38_spec_1"]
+    for k in res.kernels:
+        k.threads = 1024
+    assert res.problems == []
+    assert all(k.stack == 0 and k.spill_stores == 0 for k in res.kernels)
+
+
 def test_constants_are_the_twins():
     body = SRC[SRC.index("float exp2q(float t)"):]
     lits = re.findall(r"(0x[0-9a-f.]+p[-+]?\d+)f", body[:body.index("bf16_key")])

@@ -67,8 +67,9 @@ def plain(reqs: list[Request], key: str) -> dict:
     return _C[key]
 
 
-def spec(B: int, K: int, reqs, hook=None) -> tuple[dict, SpecEngine]:
-    be = EmuSpecBackend(PRESETS["tiny"], Lanes.make(B, pt=PT, mtp=K), tensors(), CTX)
+def spec(B: int, K: int, reqs, hook=None, tuning=None) -> tuple[dict, SpecEngine]:
+    lanes = Lanes.make(B, pt=PT, mtp=K, **({} if tuning is None else {"tuning": tuning}))
+    be = EmuSpecBackend(PRESETS["tiny"], lanes, tensors(), CTX)
     eng = SpecEngine(be, draft_hook=hook)
     res = eng.run(reqs)
     assert all(isinstance(r, MtpResult) for r in res)
@@ -149,6 +150,24 @@ def test_sampled_does_not_depend_on_the_batch():
     acc = sum(three[r.id].drafts_accepted for r in sampled)
     prop = sum(three[r.id].drafts_proposed for r in sampled)
     assert 0 < acc < prop                  # both the accept and the residual path ran
+
+
+@pytest.mark.parametrize("B,K", [(2, 1), pytest.param(3, 2, marks=pytest.mark.slow)])
+def test_the_program_samples_as_the_host_does(B, K):
+    """--tune spec_sample=1: the program judges sampled slots' drafts (the emulated sampler
+    with SPEC = 1 and spec_accept_sampled) and every request gets the host path's tokens, greedy
+    neighbours included; drafts forced to the greedy stream so that some are kept and some not."""
+    from qwen38gen.tuning import Tuning
+
+    reqs = requests("sampled")
+    hook = forced(plain(requests(), "greedy"))
+    host, _ = spec(B, K, reqs, hook)
+    dev, eng = spec(B, K, reqs, hook, tuning=Tuning.parse(["spec_sample=1"]))
+    assert eng.backend.device_spec
+    assert {i: r.token_ids for i, r in dev.items()} == {i: r.token_ids for i, r in host.items()}
+    sampled = [r.id for r in reqs if not r.sampling.greedy]
+    acc = sum(dev[i].drafts_accepted for i in sampled)
+    assert 0 < acc < sum(dev[i].drafts_proposed for i in sampled)
 
 
 def test_sampled_host_path_b2():

@@ -19,6 +19,7 @@ from ..plan.attention import attn_part_floats, attn_stride
 from ..plan.families import family
 from ..plan.program import resolve_shape
 from ..sampling import FPAR_COLUMNS, UPAR_COLUMNS, sample, unpack_params
+from ..spec_sampling import draw_weighted, judge_draft, keyed_u64, target_weights
 from ..weights import dequantize, xtile_index
 from . import ops as R
 
@@ -260,16 +261,73 @@ class Emu:
         from the kernel's arguments (sampling.unpack_params, the inverse of pack_params)."""
         a, R_ = L["args"], L["grid"][0]
         lg = self.view(a[0], (R_, self.cfg.vocab_size))
+        if self.kernel(L).get("spec"):
+            return self._spec_sample(a, R_, lg)
         fpar = self.view(a[1], (R_, len(FPAR_COLUMNS)))
         upar = self.view(a[2], (R_, len(UPAR_COLUMNS)))
         ctr, tok = self.view(a[3], (R_,)), self.view(a[4], (R_,))
         for r in range(R_):
             tok[r] = sample(lg[r], unpack_params(fpar[r], upar[r]), int(ctr[r]))
 
+    def _spec_sample(self, a, R_, lg):
+        """sampling.cuh with SPEC = 1 (a verify pass's rows, r = b·KP + j), by spec_sampling's
+        integer rule: a draft row's judgement (acc, and the residual draw if rejected), the last
+        row's plain draw; greedy slots' rows untouched."""
+        kp = a[6][1]
+        B = R_ // kp
+        fpar = self.view(a[1], (B, len(FPAR_COLUMNS)))
+        upar = self.view(a[2], (B, len(UPAR_COLUMNS)))
+        ctr, tok = self.view(a[3], (B,)), self.view(a[4], (R_,))
+        vtok, acc = self.view(a[5], (R_,)), self.view(a[7], (R_,))
+        for r in range(R_):
+            b, j = divmod(r, kp)
+            prm = unpack_params(fpar[b], upar[b])
+            if prm.greedy:
+                continue
+            position = int(ctr[b]) + 1 + j
+            w = target_weights(lg[r], prm)
+            if j < kp - 1:
+                ok, t = judge_draft(w, int(vtok[r + 1]), prm.seed, position)
+                acc[r] = int(ok)
+                if not ok:
+                    tok[r] = t
+            else:
+                tok[r] = draw_weighted(w, keyed_u64(prm.seed, position, 0))
+
+    def _accept_sampled(self, a, B, kp):
+        """speculative.cuh spec_accept_sampled: greedy slots as spec_accept; a sampled slot keeps
+        drafts while sacc says so, then stok's token; its kept tokens also into vnext."""
+        vtok, vnext = self.view(a[0], (B, kp)), self.view(a[1], (B, kp))
+        ntok, sacc, stok = (self.view(a[2], (B,)), self.view(a[3], (B, kp)),
+                            self.view(a[4], (B, kp)))
+        fpar = self.view(a[5], (B, len(FPAR_COLUMNS)))
+        emit = self.view(a[6], (B, kp))
+        count, slot, ntok_m = (self.view(a[i], (B,)) for i in (7, 8, 9))
+        for b in range(B):
+            if ntok[b] <= 0:
+                emit[b], count[b], ntok_m[b] = -1, 0, 0
+                continue
+            if not np.float32(fpar[b, 0]) >= np.float32(1e-5):     # greedy: spec_accept
+                n = 0
+                while n < kp - 1 and vtok[b, n + 1] == vnext[b, n]:
+                    n += 1
+                toks = [int(vnext[b, j]) for j in range(n + 1)]
+            else:
+                n = 0
+                while n < kp - 1 and sacc[b, n] == 1:
+                    n += 1
+                toks = [int(vtok[b, j + 1]) for j in range(n)] + [int(stok[b, n])]
+                vnext[b, :n + 1] = toks
+            emit[b] = toks + [-1] * (kp - n - 1)
+            count[b], slot[b], ntok_m[b] = n + 1, n, n + 1
+            vtok[b, 0] = toks[-1]
+
     def k_spec(self, L, pt):
         """kernels/speculative.cuh."""
         a, B, kind = L["args"], self.B, self.kernel(L)["family"].partition("_")[2]
-        if kind == "accept":
+        if kind == "accept" and self.kernel(L).get("sampled"):
+            self._accept_sampled(a, B, self.kernel(L)["kp"])
+        elif kind == "accept":
             kp = self.kernel(L)["kp"]
             vtok = self.view(a[0], (B, kp))
             am = self.view(a[1], (B, kp))

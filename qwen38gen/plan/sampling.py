@@ -29,6 +29,17 @@ def sample_entry(v: int, split: bool = False) -> Entry:
                  asserts=(f"q38::SampleLaunch<{v}>::threads == 1024",), family="sample")
 
 
+def spec_sample_entry(v: int, split: bool = False) -> Entry:
+    """Speculative sampling of a verify pass's rows (sampling.cuh, SPEC = 1): one block per row,
+    the slot's parameters, row j's position ctr[slot] + 1 + j."""
+    return Entry(f"q38_sample_v{v}" + ("_s" if split else "") + "_spec",
+                 f"q38::sample_rows<{v}, {int(split)}, 1>",
+                 ((BF, "logits"), ("const float*", "fpar"), ("const uint32_t*", "upar"),
+                  (I32, "ctr"), ("int*", "tok"), (I32, "vtok"), ("int", "kp"), ("int*", "acc")),
+                 1024, asserts=(f"q38::SampleLaunch<{v}>::threads == 1024",),
+                 family="sample", meta=(("spec", 1),))
+
+
 def sample_buffers(batch: int) -> dict:
     return {"samp_fpar": {"dtype": "float32", "shape": [batch, len(FPAR_COLUMNS)]},
             "samp_upar": {"dtype": "int32", "shape": [batch, len(UPAR_COLUMNS)]}}

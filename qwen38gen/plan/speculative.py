@@ -8,6 +8,7 @@ from .builder import EMBED, ScheduleBuilder
 from .elementwise import argmax_entry, gather_last_entry, rmsnorm_entry, rmsnorm_ld_entry
 from .entries import I32, Entry, buf, cdiv
 from .gemv import EPI_ADD, EPI_STORE
+from .sampling import spec_sample_entry
 
 # 128 threads each, grid ceil(n / 128).
 SPEC_THREADS = 128
@@ -20,6 +21,15 @@ def spec_accept_entry(kp: int) -> Entry:
                  SPEC_THREADS,
                  asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",), family="spec_accept",
                  meta=(("kp", kp),))
+
+
+def spec_accept_sampled_entry(kp: int) -> Entry:
+    return Entry(f"q38_spec_accept_s_k{kp - 1}", f"q38::spec_accept_sampled<{kp}>",
+                 (("int*", "vtok"), ("int*", "a"), (I32, "ntok"), (I32, "sacc"), (I32, "stok"),
+                  ("const float*", "fpar"), ("int*", "emit"), ("int*", "count"), ("int*", "slot"),
+                  ("int*", "ntok_m"), ("int", "B")), SPEC_THREADS,
+                 asserts=(f"q38::SpecLaunch::threads == {SPEC_THREADS}",),
+                 family="spec_accept", meta=(("kp", kp), ("sampled", 1)))
 
 
 def spec_tokens_entry(pt: int) -> Entry:
@@ -117,10 +127,24 @@ class SpecBuilder(ScheduleBuilder):
 
     def verify(self) -> list[dict]:
         """Verify [x, d1 … dK] + accept + MTP rows over the accepted rows + drafts for the next
-        verify."""
-        ac = self.plan.entry(spec_accept_entry(self.KP))
-        return (self.step(self.KP, tokens="vtok", verify=True, advance=False)
-                + [{"k": ac.name, "grid": [cdiv(self.B, SPEC_THREADS), 1, 1],
-                    "args": [buf("vtok"), buf("vnext"), buf("ntok"), buf("emit"), buf("count"),
-                             buf("slot"), buf("ntok_m"), ["i32", self.B]]}]
-                + self.mtp_pass(self.KP, "vnext", "ntok_m"))
+        verify. Tuning.spec_sample: the sampler judges every row of the sampled slots first, and
+        the accept kernel keeps their drafts by it."""
+        B, KP = self.B, self.KP
+        s = self.step(KP, tokens="vtok", verify=True, advance=False)
+        grid = [cdiv(B, SPEC_THREADS), 1, 1]
+        if not self.tuning.spec_sample:
+            ac = self.plan.entry(spec_accept_entry(KP))
+            s.append({"k": ac.name, "grid": grid,
+                      "args": [buf("vtok"), buf("vnext"), buf("ntok"), buf("emit"), buf("count"),
+                               buf("slot"), buf("ntok_m"), ["i32", B]]})
+        else:
+            sm = self.plan.entry(spec_sample_entry(self.V, self.tuning.sample_split))
+            ac = self.plan.entry(spec_accept_sampled_entry(KP))
+            s.append({"k": sm.name, "grid": [B * KP, 1, 1],
+                      "args": [buf("logits"), buf("samp_fpar"), buf("samp_upar"), buf("pos"),
+                               buf("stok"), buf("vtok"), ["i32", KP], buf("sacc")]})
+            s.append({"k": ac.name, "grid": grid,
+                      "args": [buf("vtok"), buf("vnext"), buf("ntok"), buf("sacc"), buf("stok"),
+                               buf("samp_fpar"), buf("emit"), buf("count"), buf("slot"),
+                               buf("ntok_m"), ["i32", B]]})
+        return s + self.mtp_pass(KP, "vnext", "ntok_m")

@@ -28,7 +28,10 @@ Token choice:
   rest of the schedule (MTP rows over the kept tokens, the next drafts). The first token after
   the prompt is chosen the same way (the prefill schedule is cut before the MTP reads it):
   ``sampling.sample`` at that position, as the plain engine does. This reads B·(K+1)·V logits
-  from the device per such step; it is correct, not fast.
+  from the device per such step; it is correct, not fast. With ``--tune spec_sample=1`` the
+  program decides instead (version 28; not yet run on a GPU): the sampler judges each verify row
+  of a sampled slot by spec_sampling's integer rule (kernels/sampling.cuh, SPEC = 1) and
+  spec_accept_sampled keeps the drafts, with the same tokens as the host path.
 
 A refill resets the slot's target state (GDN recurrent state and conv ring, position, GDN state
 slot) and its drafter state (the MTP KV cache: NaN-poisoned on the emulator, never read past what
@@ -50,7 +53,7 @@ import numpy as np
 from ..compare import nonfinite_where
 from ..errors import NonFiniteLogits, UserError
 from ..inputs import prompt_chunk
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, pack_params, sample
 from ..spec_sampling import accept_row
 from .engine import Engine, Result, Sequence, Stats
 
@@ -235,9 +238,17 @@ class SpecProgramSlots:
                     "verify": cut_index(manifest, "verify", "spec_accept")}
         self.params = [SamplingParams()] * self.slots
         self.pos = np.zeros(self.slots, np.int64)
+        # Tuning.spec_sample: the program judges sampled slots' drafts itself (sampling.cuh,
+        # SPEC = 1) from per-slot parameters in samp_fpar / samp_upar
+        self.device_spec = "sacc" in manifest["buffers"]
+        self._fpar, self._upar, _ = pack_params(self.params, [0] * self.slots)
+        self._stale = True
 
     def set_sampling(self, slot: int, params: SamplingParams) -> None:
         self.params[slot] = params
+        f, u, _ = pack_params([params], [0])
+        self._fpar[slot], self._upar[slot] = f[0], u[0]
+        self._stale = True
 
     def reset_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
@@ -320,6 +331,12 @@ class SpecProgramSlots:
         self._put_pos()
         self._put("ntok", np.array([KP if b in positions else 0 for b in range(B)], np.int32))
         sampled = [b for b in positions if not self.params[b].greedy]
+        if self.device_spec:                  # the program decides sampled slots itself
+            if self._stale:                   # (a greedy slot's row says so too: upload always)
+                self._put("samp_fpar", self._fpar)
+                self._put("samp_upar", self._upar.view(np.int32))
+                self._stale = False
+            sampled = []
         if not sampled:
             self._run("verify", 0, None)
             if self.check_logits:

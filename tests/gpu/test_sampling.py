@@ -79,3 +79,71 @@ def test_draws_follow_the_softmax(cuda_ctx):
     top = np.argsort(-prob)[:8]
     freq = np.array([(got == t).mean() for t in top])
     assert np.all(np.abs(freq - prob[top]) < 5 * np.sqrt(prob[top] * (1 - prob[top]) / n) + 1e-3)
+
+
+_SPEC: dict = {}
+
+
+def _spec_fn(v: int, split: int):
+    if not _SPEC:
+        src = ['#include "sampling.cuh"']
+        for n in VOCAB:
+            for sp in (0, 1):
+                src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
+                           f"q38_spec_v{n}_{sp}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
+                           f"const int* ctr, int* tok, const int* vtok, int kp, int* acc) "
+                           f"{{ q38::sample_rows<{n}, {sp}, 1>(l, fpar, upar, ctr, tok, vtok, kp, acc); }}")
+        mod = build("\n".join(src) + "\n")
+        for n in VOCAB:
+            for sp in (0, 1):
+                _SPEC[n, sp] = mod.get_function(f"q38_spec_v{n}_{sp}")
+    return _SPEC[v, split]
+
+
+@pytest.mark.parametrize("split", [0, 1])
+@pytest.mark.parametrize("V", VOCAB)
+def test_speculative_rows_are_the_twin(cuda_ctx, V, split):
+    """sample_rows with SPEC = 1 (Tuning.spec_sample) over a verify pass's rows, KP = 3: for
+    every sampled slot, each draft row's judgement (acc) and, where rejected, its residual draw,
+    and the last row's draw, equal spec_sampling's integer rule (judge_draft, draw_weighted);
+    greedy slots' rows stay poisoned. Drafts are the row's own argmax (mostly kept), a token
+    outside the nucleus (never kept) and random ones."""
+    from qwen38gen.spec_sampling import draw_weighted, judge_draft, keyed_u64, target_weights
+
+    rng = np.random.default_rng(V + split)
+    kp = 3
+    params = PARAMS
+    B = len(params)
+    logits = (rng.standard_normal((B * kp, V)) * 3).astype(np.float32).astype(BF16)
+    x = logits.astype(np.float32)
+    vtok = rng.integers(0, V, B * kp).astype(np.int32)
+    for b in range(B):
+        vtok[b * kp + 1] = int(np.argmax(x[b * kp]))          # d_1: row 0's argmax
+        vtok[b * kp + 2] = int(np.argmin(x[b * kp + 1]))      # d_2: row 1's smallest logit
+    pos = rng.integers(0, 1 << 20, B).astype(np.int32)
+    fpar, upar, _ = S.pack_params(params, [0] * B)
+    tok, acc = poisoned((B * kp,), np.int32), poisoned((B * kp,), np.int32)
+    _spec_fn(V, split)(to_gpu(logits.view(np.uint16)).gpudata, to_gpu(fpar).gpudata,
+                       to_gpu(upar).gpudata, to_gpu(pos).gpudata, tok.gpudata,
+                       to_gpu(vtok).gpudata, np.int32(kp), acc.gpudata,
+                       block=(1024, 1, 1), grid=(B * kp, 1))
+    t, a = tok.get(), acc.get()
+    poison = 0x7F7F7F7F
+    kept = 0
+    for b, p in enumerate(params):
+        for j in range(kp):
+            r = b * kp + j
+            if p.greedy:
+                assert t[r] == poison and a[r] == poison, (b, j)
+                continue
+            w = target_weights(x[r], p)
+            position = int(pos[b]) + 1 + j
+            if j < kp - 1:
+                ok, res = judge_draft(w, int(vtok[r + 1]), p.seed, position)
+                assert a[r] == int(ok), (b, j)
+                kept += ok
+                if not ok:
+                    assert t[r] == res, (b, j)
+            else:
+                assert t[r] == draw_weighted(w, keyed_u64(p.seed, position, 0)), (b, j)
+    assert kept > 0
