@@ -1,7 +1,7 @@
 """Compile the programs a device run needs into the gate's cache (QWEN38_CACHE) on the CPU
 machine, so the GPU machine loads them instead of running nvcc (carry the cache folder).
 
-  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:K|:t][:ptN][:btgN] ...
+  QWEN38_CACHE=.cache/q38 python3 scripts/precompile.py [--tune KEY=VALUE ...] MODEL:B[:K|:t][:ptN][:btgN][:KEY=VALUE] ...
   e.g. qwen3.8-27b:1 qwen3.8-27b:16 tiny:64 tiny:16:1 tiny:3:pt8
   (pt: `qwen38gen bench` uses 1 for the 27B; check uses QWEN38_PT or 16; ptN names it; K: the
   mtp lane's drafts; t: the trace variant of `bench --trace`)
@@ -27,6 +27,7 @@ from qwen38gen.lanes import Lanes  # noqa: E402
 from qwen38gen.tuning import Tuning, tuning_from_env  # noqa: E402
 
 TUNING = Tuning()
+TUNE_ARGS: list[str] = []   # the command line's --tune settings (TUNING), for per-spec additions
 
 # What scripts/device.sh VERIFY runs, program by program (keep the two in step):
 VERIFY_PROGRAMS = (
@@ -36,6 +37,7 @@ VERIFY_PROGRAMS = (
     "tiny:1:1", "tiny:16:1",                           # check --mtp 1
     "tiny:2:1",                                        # tests/gpu/test_nan_locks.py (+ tiny:3, tiny:2:pt8)
     "tiny:2:1:pt8", "tiny:3:1:pt8",                    # tests/gpu/test_serve_lock.py, --mtp 1
+    "tiny:2:1:pt8:spec_sample=1", "tiny:3:1:pt8:spec_sample=1",   # ... and spec_sample
     "tiny:3:1",                                        # check --serve --mtp 1 --batch 3 (+ tiny:3)
     "tiny:1:pt8",                                      # run --batch 3 against --batch 1 (pt 8)
     "qwen3.5-0.8b:3",                                  # check --reference qwen3.5-0.8b --batch 3
@@ -54,13 +56,15 @@ def models() -> dict:
 
 
 def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
-    """MODEL:B[:K|:t][:ptN][:btgN] -> (model, lanes, trace)."""
+    """MODEL:B[:K|:t][:ptN][:btgN][:KEY=VALUE…] -> (model, lanes, trace)."""
     model, b, *rest = spec.split(":")
     if model not in models():
         raise SystemExit(f"error: {spec}: unknown preset {model!r}")
-    trace, mtp, pt, btg = False, 0, None, None
+    trace, mtp, pt, btg, tune = False, 0, None, None, []
     for item in rest:
-        if item == "t":
+        if "=" in item:             # KEY=VALUE: a tuning setting of this program only
+            tune.append(item)
+        elif item == "t":
             trace = True
         elif item.startswith("pt") and item[2:].isdigit():
             pt = int(item[2:])
@@ -70,10 +74,11 @@ def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
             mtp = int(item)
         else:
             raise SystemExit(f"error: {spec}: {item!r} is none of K (mtp drafts), t (trace), ptN, "
-                             "btgN")
+                             "btgN, KEY=VALUE")
     if pt is None and model == "qwen3.8-27b" and not mtp:
         pt = 1
-    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=TUNING,
+    tuning = Tuning.parse(TUNE_ARGS + tune) if tune else TUNING
+    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=tuning,
                              model=models()[model]), trace
 
 
@@ -96,7 +101,8 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 if __name__ == "__main__":
     tune, specs = split_args(sys.argv[1:])
-    TUNING = Tuning.parse(tuning_from_env() + tune)
+    TUNE_ARGS = tuning_from_env() + tune
+    TUNING = Tuning.parse(TUNE_ARGS)
     if specs == ["--verify"]:
         specs = list(VERIFY_PROGRAMS)
     for s in specs:

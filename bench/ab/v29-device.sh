@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The next session's serving runs, prepared in version 28 (docs/PERFORMANCE.md, "Prepared for the
+# next device session"), after `VERIFY=all BENCH_B=` on the same tree (which runs the GPU tests
+# of --tune spec_sample=1). CPU machine first (clean tree): make device-prep, then
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune sample_split=1 --tune multi_tile=32 \
+#     qwen3.8-27b:16:1:pt64 qwen3.8-27b:16:1:pt64:spec_sample=1 qwen3.8-27b:64:1:pt64:spec_sample=1
+# then on the device, carry [".gpu", ".cache"]: PART=mtp bash bench/ab/v29-device.sh (~450 s).
+# Logs in $OUT (v29-PART.log and the json).
+set -uo pipefail
+OUT=${OUT:-/tmp/v29}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl 2>/dev/null || exit 3
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 COLUMNS=200
+export PYTHONPATH=/tmp/site:$PWD QWEN38_CACHE=$PWD/.cache/q38
+Q="python3 -m cli"
+T="--tune sample_split=1 --tune multi_tile=32"
+PART=${PART:-mtp}
+{
+  echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if [ "$PART" = mtp ]; then   # Serving II item 4: the 27B with --mtp 1, sampled slots on the device
+    for s in "--tune spec_sample=1" ""; do
+      echo "==== bench --serve realistic --requests 16 --batch 16 --pt 64 --mtp 1 (27B) $T $s"
+      timeout 200 $Q bench --model qwen3.8-27b --serve realistic --requests 16 --batch 16 --pt 64 \
+        --mtp 1 $T $s --json "$OUT/serve-27b-b16-mtp1${s:+-spec}.json" 2>&1 | grep -v '^\s*$' | tail -12
+    done
+  fi
+} 2>&1 | tee "$OUT/v29-$PART.log"
