@@ -4,7 +4,13 @@
 # of --tune spec_sample=1). CPU machine first (clean tree): make device-prep, then
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py --tune sample_split=1 --tune multi_tile=32 \
 #     qwen3.8-27b:16:1:pt64 qwen3.8-27b:16:1:pt64:spec_sample=1 qwen3.8-27b:64:1:pt64:spec_sample=1
-# then on the device, carry [".gpu", ".cache"]: PART=mtp bash bench/ab/v29-device.sh (~450 s).
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1 qwen3.8-27b:16 \
+#     qwen3.8-27b:1:1:pt2 qwen3.8-27b:16:1:pt2 qwen3.8-27b:1:multi_tile=32 \
+#     qwen3.8-27b:16:multi_tile=32 qwen3.8-27b:1:1:pt2:multi_tile=32 qwen3.8-27b:16:1:pt2:multi_tile=32
+# then on the device, carry [".gpu", ".cache"]: PART=mtp bash bench/ab/v29-device.sh (~450 s);
+# PART=step (~150 s): the speculative step against the plain one at B = 1 and 16, at the table's
+# tile and with multi_tile=32 (Performance II item 3: 1.10 / 1.77 × on the H100 at 4d3e5cc; the
+# B = 16 verify pass is 32 rows, two weight passes at the lane's 16-row tile, one at 32).
 # Logs in $OUT (v29-PART.log and the json).
 set -uo pipefail
 OUT=${OUT:-/tmp/v29}; mkdir -p "$OUT"
@@ -21,6 +27,11 @@ PART=${PART:-mtp}
       echo "==== bench --serve realistic --requests 16 --batch 16 --pt 64 --mtp 1 (27B) $T $s"
       timeout 200 $Q bench --model qwen3.8-27b --serve realistic --requests 16 --batch 16 --pt 64 \
         --mtp 1 $T $s --json "$OUT/serve-27b-b16-mtp1${s:+-spec}.json" 2>&1 | grep -v '^\s*$' | tail -12
+    done
+  elif [ "$PART" = step ]; then
+    for t in "" "--tune multi_tile=32"; do
+      echo "==== bench --mtp 1 --batch 1,16 (27B) ${t:-(the table's tile)}"
+      timeout 120 $Q bench --mtp 1 --batch 1,16 $t --json "$OUT/bench-mtp1${t:+-mt32}.json" 2>&1 | tail -12
     done
   fi
 } 2>&1 | tee "$OUT/v29-$PART.log"
