@@ -728,9 +728,7 @@ def _check_serve(cfg, lanes, have_gpu: bool, why: str | None):
                   "the CUDA kernels.")
         backends, where = SL.emu_backends, "emu"
     if lanes.mtp:
-        import dataclasses
-
-        plain = dataclasses.replace(lanes, mtp=0)
+        plain = lanes.plain()
         res, _ = SL.spec_serve_lock(backends(cfg, plain), backends(cfg, lanes), lanes.batch,
                                     lanes.pt, cfg)
         out.print(f"lane {lanes.name}; {res.notes.pop()}")

@@ -7,7 +7,7 @@ a rejection names the field, the value and what is allowed, before any file is w
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .config import ModelConfig
 from .errors import UserError
@@ -121,6 +121,9 @@ class Lanes:
             if not ok:
                 raise UserError(f"lane {f.name}={v!r} is not supported; "
                                 f"supported {f.name}: {_describe(allowed)}")
+        if self.tuning.spec_sample and not self.mtp:
+            raise UserError("tuning spec_sample=1 is for mtp programs (the verify pass's sampled "
+                            "slots); give --mtp K with it, or leave it out")
         if self.btg > max_btg(self.batch):
             raise UserError(
                 f"lane btg={self.btg} is larger than batch={self.batch} needs; "
@@ -139,6 +142,11 @@ class Lanes:
         wb = None if model is None else model.int4_weight_bytes()
         return cls(batch=batch, btg=default_btg(batch, wb) if btg is None else btg,
                    pt=pt_from_env() if pt is None else pt, **kw)
+
+    def plain(self, **kw) -> "Lanes":
+        """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample off; ``kw``
+        replaces other fields, e.g. pt)."""
+        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=False), **kw)
 
     @property
     def name(self) -> str:

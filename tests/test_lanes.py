@@ -21,6 +21,17 @@ def test_defaults_and_name(monkeypatch):
         and Lanes.make(200).btg == 64
 
 
+def test_spec_sample_needs_an_mtp_program():
+    from qwen38gen.tuning import Tuning
+
+    t = Tuning.parse(["spec_sample=1"])
+    assert Lanes.make(3, mtp=1, tuning=t).tuning.spec_sample
+    with pytest.raises(UserError, match=r"^tuning spec_sample=1 is for mtp programs .*give --mtp K"):
+        Lanes.make(3, tuning=t)
+    p = Lanes.make(3, mtp=1, tuning=Tuning.parse(["spec_sample=1", "gdn_ge=4"])).plain(pt=1)
+    assert (p.mtp, p.pt, p.tuning.spec_sample, p.tuning.gdn_ge) == (0, 1, False, 4)
+
+
 def test_the_default_tile_of_a_model_whose_weights_sit_in_l2():
     """Given the model, a model whose int4 weights fit SMALL_WEIGHTS takes at most 16 rows a
     tile (version 28, H100: the tiny model's B = 64 step 0.56 -> 0.26 ms); the others as before;

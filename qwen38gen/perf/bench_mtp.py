@@ -57,15 +57,15 @@ def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup
     rows = []
     for B in batches:
         say = progress or (lambda m: None)
-        plain = Lanes.make(B, btg=capped_btg(B, btg), pt=1, tuning=tuning, model=cfg)
+        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=k + 1, mtp=k, tuning=tuning,
+                           model=cfg)
+        plain = lanes.plain(pt=1)
         say(f"B={B}: plain program, emit + nvcc")
         cubin, man = build(cfg, plain)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + 1) as rt:
             fill_state(rt, ctx)
             say(f"B={B}: timing {reps} plain decode replays")
             tp = statistics.median(time_graph(rt, ctx, warmup, reps))
-        lanes = Lanes.make(B, btg=capped_btg(B, btg), pt=k + 1, mtp=k, tuning=tuning,
-                           model=cfg)
         say(f"B={B}: mtp={k} program, emit + nvcc")
         cubin, man = build(cfg, lanes)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + k + 2) as rt:
