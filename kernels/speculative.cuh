@@ -74,15 +74,8 @@ __device__ __forceinline__ void spec_accept_sampled(
   static_assert(KP >= 2, "spec_accept_sampled: at least one draft");
   const int b = blockIdx.x * SpecLaunch::threads + threadIdx.x;
   if (b >= B) return;
-  if (!(fpar[2 * b] >= 1e-5f)) {  // greedy: spec_accept's rule
+  if (!(fpar[2 * b] >= 1e-5f) || ntok[b] <= 0) {  // greedy, or idled: spec_accept's rules
     spec_accept<KP>(vtok, a, ntok, emit, count, slot, ntok_m, B);
-    return;
-  }
-  if (ntok[b] <= 0) {  // idled in the pass: nothing kept, nothing moves
-#pragma unroll
-    for (int j = 0; j < KP; ++j) emit[(size_t)b * KP + j] = -1;
-    count[b] = 0;
-    ntok_m[b] = 0;
     return;
   }
   int* const d = vtok + (size_t)b * KP;

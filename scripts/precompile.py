@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qwen38gen.build import build  # noqa: E402
 from qwen38gen.config import PRESETS  # noqa: E402
+from qwen38gen.errors import UserError  # noqa: E402
 from qwen38gen.lanes import Lanes  # noqa: E402
 from qwen38gen.tuning import Tuning, tuning_from_env  # noqa: E402
 
@@ -77,9 +78,12 @@ def lanes_of(spec: str) -> tuple[str, Lanes, bool]:
                              "btgN, KEY=VALUE")
     if pt is None and model == "qwen3.8-27b" and not mtp:
         pt = 1
-    tuning = Tuning.parse(TUNE_ARGS + tune) if tune else TUNING
-    return model, Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=tuning,
-                             model=models()[model]), trace
+    try:
+        tuning = Tuning.parse(TUNE_ARGS + tune) if tune else TUNING
+        lanes = Lanes.make(int(b), btg=btg, pt=pt, mtp=mtp, tuning=tuning, model=models()[model])
+    except (UserError, ValueError) as e:
+        raise SystemExit(f"error: {spec}: {e}") from None
+    return model, lanes, trace
 
 
 def one(spec: str) -> str:

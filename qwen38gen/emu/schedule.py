@@ -304,23 +304,31 @@ class Emu:
         emit = self.view(a[6], (B, kp))
         count, slot, ntok_m = (self.view(a[i], (B,)) for i in (7, 8, 9))
         for b in range(B):
-            if ntok[b] <= 0:
-                emit[b], count[b], ntok_m[b] = -1, 0, 0
+            if ntok[b] <= 0 or not np.float32(fpar[b, 0]) >= np.float32(1e-5):
+                self._accept_greedy(b, kp, vtok, vnext, ntok, emit, count, slot, ntok_m)
                 continue
-            if not np.float32(fpar[b, 0]) >= np.float32(1e-5):     # greedy: spec_accept
-                n = 0
-                while n < kp - 1 and vtok[b, n + 1] == vnext[b, n]:
-                    n += 1
-                toks = [int(vnext[b, j]) for j in range(n + 1)]
-            else:
-                n = 0
-                while n < kp - 1 and sacc[b, n] == 1:
-                    n += 1
-                toks = [int(vtok[b, j + 1]) for j in range(n)] + [int(stok[b, n])]
-                vnext[b, :n + 1] = toks
+            n = 0
+            while n < kp - 1 and sacc[b, n] == 1:
+                n += 1
+            toks = [int(vtok[b, j + 1]) for j in range(n)] + [int(stok[b, n])]
+            vnext[b, :n + 1] = toks
             emit[b] = toks + [-1] * (kp - n - 1)
             count[b], slot[b], ntok_m[b] = n + 1, n, n + 1
             vtok[b, 0] = toks[-1]
+
+    @staticmethod
+    def _accept_greedy(b, kp, vtok, am, ntok, emit, count, slot, ntok_m):
+        """speculative.cuh spec_accept for slot b: idle (ntok 0) keeps slot and vtok; else the
+        drafts while d_j equals the argmax of row j−1, then the argmax of row n."""
+        if ntok[b] <= 0:
+            emit[b], count[b], ntok_m[b] = -1, 0, 0
+            return
+        n = 0
+        while n < kp - 1 and vtok[b, n + 1] == am[b, n]:
+            n += 1
+        emit[b] = [am[b, j] if j <= n else -1 for j in range(kp)]
+        count[b], slot[b], ntok_m[b] = n + 1, n, n + 1
+        vtok[b, 0] = am[b, n]
 
     def k_spec(self, L, pt):
         """kernels/speculative.cuh."""
@@ -335,15 +343,7 @@ class Emu:
             emit = self.view(a[3], (B, kp))
             count, slot, ntok_m = (self.view(a[i], (B,)) for i in (4, 5, 6))
             for b in range(B):
-                if ntok[b] <= 0:          # idled in the pass: slot and vtok kept
-                    emit[b], count[b], ntok_m[b] = -1, 0, 0
-                    continue
-                n = 0
-                while n < kp - 1 and vtok[b, n + 1] == am[b, n]:
-                    n += 1
-                emit[b] = [am[b, j] if j <= n else -1 for j in range(kp)]
-                count[b], slot[b], ntok_m[b] = n + 1, n, n + 1
-                vtok[b, 0] = am[b, n]
+                self._accept_greedy(b, kp, vtok, am, ntok, emit, count, slot, ntok_m)
         elif kind == "tokens":
             R_ = a[3][1]
             mnext, nxt = self.view(a[0], (R_,)), self.view(a[1], (B,))

@@ -223,8 +223,7 @@ class Scheduler:
         chunk and (``ride``) every decoding slot's last token; else ("decode", {slot: [last
         token]}); None when nothing runs."""
         run, c = self.running, self.chunk
-        pre = [b for b, s in run.items() if s.fed < s.n_prompt]
-        if pre:
+        if any(s.fed < s.n_prompt for s in run.values()):
             feed = {}
             for b in sorted(run):
                 s = run[b]

@@ -246,6 +246,8 @@ class SpecProgramSlots:
 
     def set_sampling(self, slot: int, params: SamplingParams) -> None:
         self.params[slot] = params
+        if not self.device_spec:            # the host path reads self.params only
+            return
         f, u, _ = pack_params([params], [0])
         self._fpar[slot], self._upar[slot] = f[0], u[0]
         self._stale = True

@@ -91,15 +91,19 @@ def spec_serve_lock(plain_of, spec_of, slots: int, chunk: int,
     """The lock of ``run --mtp K`` (see the module docstring): ``plain_of(B)`` and ``spec_of(B)``
     give the plain and the mtp program's backends. Rows: id, prompt, max_tokens, mode, tokens,
     acceptance, status."""
-    from ..serve.spec_engine import SpecEngine
+    from ..serve.spec_engine import MtpStats, SpecEngine
 
     reqs = lock_requests(slots, chunk, cfg.vocab_size)
     with plain_of(slots) as be:
         plain = run_alone(be, reqs)
     with spec_of(slots) as be:
-        alone = {r.id: SpecEngine(be).run([r])[0] for r in reqs}
-        eng = SpecEngine(be)
-        got = {r.id: r for r in eng.run(reqs)}
+        be.check_logits = True    # every step's rows guarded, sampled on the device or not
+        try:
+            alone = {r.id: SpecEngine(be).run([r])[0] for r in reqs}
+            eng = SpecEngine(be)
+            got = {r.id: r for r in eng.run(reqs)}
+        except NonFiniteLogits as e:   # a broken program fails the lock, saying where
+            return Outcome(ok=False, notes=[f"FAIL: {e}"]), MtpStats(slots=slots, chunk=chunk)
     out = Outcome(ok=True)
     for r in reqs:
         p, a, g = plain[r.id], alone[r.id], got[r.id]
