@@ -60,16 +60,17 @@ KNOBS: dict[str, Knob] = {
                       help="attn_tc grid.x target (table: one block per SM)"),
     "sample_split": Knob("0, 1", "bool",
                          help="the sampler's histogram sums by 32-bit shared atomics with a carry "
-                              "(same tokens, ~10x faster on an H100: version 28; the default once "
-                              "the locks have run with it)"),
+                              "(same tokens, 8.6-14.8x faster on an H100: version 28; "
+                              "0: 64-bit atomics)"),
     "spec_sample": Knob("0, 1", "bool",
                         help="mtp programs: sampled slots' drafts accepted on the device (the "
                              "sampler judges each verify row, spec_accept_sampled keeps them; "
                              "0: the host reads the rows' logits; built in version 28, not yet "
                              "run on a GPU)"),
-    "multi_tile": Knob("table, 8, 16, 32", "optint", (8, 16, 32),
+    "multi_tile": Knob("table, 0, 8, 16, 32", "optint", (0, 8, 16, 32),
                        help="gemv_q4's batch tile on launches over more rows than the lane's "
-                            "btg (prefill chunks, verify passes; table: the lane's tile)"),
+                            "btg (prefill chunks, verify passes; table: 32 where the lane's tile "
+                            "is at most 16 rows, else the lane's; 0: the lane's tile)"),
 }
 
 
@@ -139,7 +140,7 @@ class Tuning:
     attn_mb: int = 0
     attn_grid: int | None = None
     multi_tile: int | None = None
-    sample_split: bool = False
+    sample_split: bool = True
     spec_sample: bool = False
 
     def __post_init__(self):

@@ -70,8 +70,12 @@ def test_schedule_covers_every_layer():
     for L in dec:
         if L["k"].startswith("q38_gemv"):
             assert L["grid"][1] == 1
-    # grid.y of the prefill GEMVs tiles the 3·4 rows by btg 8; the lm_head runs on 3 rows.
+    # grid.y of the prefill GEMVs tiles the 3·4 rows by the table's 32-row multi tile (by btg 8
+    # at multi_tile=0); the lm_head runs on 3 rows.
     pre = [L for L in m["schedule"]["prefill"] if L["k"].startswith("q38_gemv")]
+    assert {L["grid"][1] for L in pre} == {1} and {L["btg"] for L in pre} == {32, 8}
+    m0 = emit_program(cfg, Lanes.make(3, pt=4, tuning=Tuning(multi_tile=0))).manifest
+    pre = [L for L in m0["schedule"]["prefill"] if L["k"].startswith("q38_gemv")]
     assert {L["grid"][1] for L in pre} == {2, 1}
     # Fused weights: each part padded to 16 rows.
     w = m["weights"]["L0.in"]
@@ -671,27 +675,42 @@ def test_split_gemvs_carry_their_resident_blocks(monkeypatch):
 
 def test_multi_tile_changes_only_the_multi_row_gemvs():
     """Tuning.multi_tile: prefill chunks (more rows than the lane's btg) run gemv_q4 in that
-    tile; the decode step, and a chunk of at most btg rows, are launched as before."""
+    tile, by default 32 at lanes of at most 16 rows; the decode step, and a chunk of at most btg
+    rows, are launched as with the lane's tile (multi_tile=0)."""
     from qwen38gen.config import load_config
     from qwen38gen.lanes import Lanes
     from qwen38gen.tuning import Tuning
 
     cfg = load_config("qwen3.8-27b")
-    base = emit_program(cfg, Lanes.make(16, pt=64)).manifest["schedule"]
-    wide = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=32))).manifest["schedule"]
-    assert wide["decode"] == base["decode"] and wide["prefill_r16"] == base["prefill_r16"]
+    lane = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=0))).manifest["schedule"]
+    wide = emit_program(cfg, Lanes.make(16, pt=64)).manifest["schedule"]
+    assert wide == emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=32))).manifest["schedule"]
+    assert wide["decode"] == lane["decode"] and wide["prefill_r16"] == lane["prefill_r16"]
     tiles = {L["btg"] for L in wide["prefill"] if "weight" in L and L["weight"] != "lm_head"}
-    assert tiles == {32} and {L["btg"] for L in base["prefill"] if "weight" in L} == {16}
+    assert tiles == {32} and {L["btg"] for L in lane["prefill"] if "weight" in L} == {16}
     assert any(L["grid"][1] == 1024 // 32 for L in wide["prefill"] if "weight" in L)
 
 
-def test_sample_split_is_a_lane_choice():
-    """Tuning.sample_split emits the sampler's SPLIT = 1 form under its own name; the default
-    program keeps SPLIT = 0 (the form verified on the device)."""
+def test_multi_tile_table_keeps_wide_lanes_tiles():
+    """The table's multi-row tile is 32 only where the lane's tile is at most 16 rows: a 64-row
+    lane's chunks launch as with multi_tile=0."""
+    from qwen38gen.config import load_config
+    from qwen38gen.lanes import Lanes
     from qwen38gen.tuning import Tuning
 
-    base = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8))
-    split = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8, tuning=Tuning(sample_split=True)))
+    cfg = load_config("qwen3.8-27b")
+    table = emit_program(cfg, Lanes.make(64, pt=16)).manifest["schedule"]
+    lane = emit_program(cfg, Lanes.make(64, pt=16, tuning=Tuning(multi_tile=0))).manifest["schedule"]
+    assert table == lane
+
+
+def test_sample_split_is_a_lane_choice():
+    """Tuning.sample_split emits the sampler's SPLIT = 1 form under its own name (the default);
+    sample_split=0 keeps the 64-bit atomics' SPLIT = 0 form."""
+    from qwen38gen.tuning import Tuning
+
+    base = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8, tuning=Tuning(sample_split=False)))
+    split = emit_program(PRESETS["tiny"], Lanes.make(4, pt=8))
     (b,), (s,) = base.manifest["schedule"]["sample"], split.manifest["schedule"]["sample"]
     assert b["k"] == "q38_sample_v1024" and s["k"] == "q38_sample_v1024_s"
     assert "sample_rows<1024, 0>" in base.source and "sample_rows<1024, 1>" in split.source

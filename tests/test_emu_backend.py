@@ -163,18 +163,19 @@ def test_bad_use():
         be.decode([1])
 
 
-def test_lock_holds_with_the_lane_choices_of_version_27():
-    """The emulated schedule of a program with Tuning.multi_tile=32 (prefill chunks' GEMVs in
-    32-row tiles: other grids and R per launch) and sample_split (the SPLIT = 1 sampler entry)
-    gives every request the tokens it gets alone: the launches are wired as the defaults'."""
+def test_lock_holds_with_the_lane_choices_before_version_29():
+    """The emulated schedule of a program with Tuning.multi_tile=0 (prefill chunks' GEMVs in the
+    lane's tile: other grids and R per launch than the default 32) and sample_split=0 (the
+    SPLIT = 0 sampler entry) gives every request the tokens it gets alone: the launches are wired
+    as the defaults'."""
     from qwen38gen.tuning import Tuning
 
     cfg, B = PRESETS["tiny"], 3
     _T.setdefault("t", default_tensors(cfg))
-    lanes = Lanes.make(B, pt=PT, tuning=Tuning(multi_tile=32, sample_split=True))
+    lanes = Lanes.make(B, pt=PT, tuning=Tuning(multi_tile=0, sample_split=False))
     sched = EmuBackend(cfg, lanes, _T["t"], CTX).emu.manifest["schedule"]
-    assert {L["btg"] for L in sched["prefill"] if "weight" in L and L["weight"] != "lm_head"} == {32}
-    assert sched["sample"][0]["k"].endswith("_s")
+    assert {L["btg"] for L in sched["prefill"] if "weight" in L and L["weight"] != "lm_head"} == {lanes.btg}
+    assert not sched["sample"][0]["k"].endswith("_s")
     reqs = lock_requests("sampled")
     got = {r.id: (r.token_ids, r.finish_reason)
            for r in Engine(EmuBackend(cfg, lanes, _T["t"], CTX)).run(reqs)}
