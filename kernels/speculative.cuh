@@ -19,8 +19,9 @@
 //                    draw, or the bonus draw when all K are kept); its kept tokens also go to
 //                    vnext[b·KP + t] (the MTP rows' tokens). Greedy slots as spec_accept.
 //   spec_tokens<PT>  the MTP token rows of a prefill chunk: mtok[r] = mnext[r] if mnext[r] ≥ 0,
-//                    else next[r / PT] (the target's freshly sampled token). mnext is host-supplied
-//                    (the prompt token after row r; −1 on a prompt's last row). grid ceil(R/128).
+//                    else next[r / PT] (the target's freshly sampled token; next[rowseq[r]] in a
+//                    packed chunk). mnext is host-supplied (the prompt token after row r; −1 on a
+//                    prompt's last row). grid ceil(R/128).
 //   spec_pos         mpos[b] = pos[b] + off; one[b] = 1 (position and row count of a one-row MTP
 //                    draft step). grid ceil(B/128).
 //   spec_put         dst[b·stride + j] = src[b] (a draft into its verify row). grid ceil(B/128).
@@ -96,11 +97,13 @@ __device__ __forceinline__ void spec_accept_sampled(
 template <int PT>
 __device__ __forceinline__ void spec_tokens(const int* __restrict__ mnext,
                                             const int* __restrict__ next, int* __restrict__ mtok,
-                                            int R) {
+                                            int R, const int* __restrict__ rowseq = nullptr) {
   const int r = blockIdx.x * SpecLaunch::threads + threadIdx.x;
   if (r >= R) return;
   const int t = mnext[r];
-  mtok[r] = t >= 0 ? t : next[r / PT];
+  // A packed chunk's row r belongs to sequence rowseq[r]; mnext is 0 on rows past the
+  // sequences' (rowseq −1), so next is read only for a sequence's last row.
+  mtok[r] = t >= 0 ? t : next[rowseq ? rowseq[r] : r / PT];
 }
 
 __device__ __forceinline__ void spec_pos(const int* __restrict__ pos, int off,

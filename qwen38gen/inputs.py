@@ -1,7 +1,7 @@
 """What the host hands an emitted program, shared by the PyCUDA runtime (runtime.py) and the numpy
 emulator of its schedule (emu/): the weights packed as the manifest lays them out
 (``pack_weights``, ``fused_arrays``) and the token rows of a prefill chunk (``prompt_chunk``,
-B·pt rows; ``packed_chunk`` and ``put_chunk``, the plain program's packed chunks). Plain numpy:
+B·pt rows; ``packed_chunk`` and ``put_chunk``, packed chunks). Plain numpy:
 importing it needs no GPU.
 """
 
@@ -47,27 +47,41 @@ def packed_chunk(chunks: list[list[int]], pt: int) -> dict[str, np.ndarray]:
 
 
 def chunk_phase(schedule: dict, rows: int) -> str:
-    """The prefill schedule of a plain program for a packed chunk of ``rows`` rows: the one
+    """The prefill schedule for a packed chunk of ``rows`` rows: the one
     emitted for the fewest rows that hold them ("prefill" holds B·pt)."""
     buckets = schedule["prefill_buckets"]["rows"]
     r = next(r for r in buckets if r >= rows)
     return "prefill" if r == buckets[-1] else f"prefill_r{r}"
 
 
-def put_chunk(put, schedule: dict, chunks: list[list[int]]) -> str:
+def put_chunk(put, schedule: dict, chunks: list[list[int]],
+              nexts: list[int | None] | None = None) -> str:
     """Hand a prefill chunk (``chunks[b]``: sequence b's tokens, at most pt) to a program through
-    ``put(name, array)``; the phase to run. A plain program with pt > 1 takes it packed, in the
-    schedule of the fewest rows that hold it; otherwise (pt = 1, the mtp lane) in B·pt rows."""
+    ``put(name, array)``; the phase to run. With pt > 1 a program takes it packed, in the
+    schedule of the fewest rows that hold it; with pt = 1 in B rows. An mtp program's chunk
+    also takes ``mnext`` (its MTP rows' tokens): for each row the prompt token after it, that is
+    the chunk's next token or, on the chunk's last row, ``nexts[b]`` (None where the prompt ends
+    in the chunk: −1, the target's own chosen token)."""
     pt = schedule["prefill_pt"]
     if "prefill_buckets" not in schedule:
         toks, ntok = prompt_chunk(chunks, 0, pt)
+        row0 = np.arange(len(chunks), dtype=np.int32) * pt
         put("tokens", toks)
         put("ntok", ntok)
-        return "prefill"
-    pk = packed_chunk(chunks, pt)
-    for name in ("tokens", "ntok", "row0", "rowseq"):
-        put(name, pk[name])
-    return chunk_phase(schedule, max(pk["rows"], 1))
+        phase = "prefill"
+    else:
+        pk = packed_chunk(chunks, pt)
+        for name in ("tokens", "ntok", "row0", "rowseq"):
+            put(name, pk[name])
+        row0, phase = pk["row0"], chunk_phase(schedule, max(pk["rows"], 1))
+    if nexts is not None:
+        mnext = np.zeros(len(chunks) * pt, np.int32)
+        for b, c in enumerate(chunks):
+            for t in range(len(c)):
+                nx = c[t + 1] if t + 1 < len(c) else nexts[b]
+                mnext[row0[b] + t] = -1 if nx is None else nx
+        put("mnext", mnext)
+    return phase
 
 
 def fused_parts(spec: dict, packed: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -337,3 +337,21 @@ def test_context_cut_inside_a_kept_run():
     got, eng = spec(1, 2, reqs, forced(want))
     assert (got["long"].token_ids, got["long"].finish_reason) == want["long"]
     assert eng.stats.drafts_accepted > 0
+
+
+def test_chunks_are_packed_and_cost_what_they_carry():
+    """An mtp program's prefill chunk is packed as a plain program's is (docs/KERNELS.md "Packed
+    chunks"): it runs in the schedule emitted for the fewest rows that hold it (B = 3, pt = 4:
+    8 rows, or all 12), the MTP rows over it included, and every request still gets the plain
+    program's tokens."""
+    lanes = Lanes.make(3, pt=PT, mtp=1)
+    be = EmuSpecBackend(PRESETS["tiny"], lanes, tensors(), CTX)
+    assert be.manifest["schedule"]["prefill_buckets"]["rows"] == [8, 12]
+    ran, run = [], be._run
+    be._run = lambda phase, a, b: (ran.append((phase, a)), run(phase, a, b))
+    reqs = requests()
+    got = {r.id: (r.token_ids, r.finish_reason) for r in SpecEngine(be).run(reqs)}
+    assert got == plain(reqs, "greedy")
+    chunks = [p for p, a in ran if p.startswith("prefill") and a == 0]
+    # the first chunk carries 1 + 4 + 3 = 8 rows: the 8-row schedule, not B·pt = 12
+    assert chunks[0] == "prefill_r8" and set(chunks) <= {"prefill_r8", "prefill"}

@@ -163,13 +163,13 @@ class Emu:
         ring = self.view(a[10], (B, rs, C))
         st_all = self.view(a[12], (B, slots, hv, dk, dv))
         packed = k.get("packed", 0)
-        slot = (self.view(a[16], (B,)) if len(a) > 16 and not packed
-                else np.zeros(B, np.int64))
+        has_slot = len(a) > 16 + packed                 # the mtp lane's slot argument
+        slot = self.view(a[16], (B,)) if has_slot else np.zeros(B, np.int64)
         st = st_all[np.arange(B), slot]
         pos = self.view(a[13], (B,))
         ntok = self.view(a[14], (B,))
         if packed:   # sequence b's rows from row0[b] on: into the B·pt layout and back below
-            row0 = self.view(a[16], (B,))
+            row0 = self.view(a[16 + has_slot], (B,))
             full = np.zeros_like(proj)
             for b in range(B):
                 full[b * pt:b * pt + ntok[b]] = proj[row0[b]:row0[b] + ntok[b]]
@@ -347,8 +347,9 @@ class Emu:
         elif kind == "tokens":
             R_ = a[3][1]
             mnext, nxt = self.view(a[0], (R_,)), self.view(a[1], (B,))
-            rows = np.arange(R_)
-            self.view(a[2], (R_,))[:] = np.where(mnext >= 0, mnext, nxt[rows // pt])
+            seq = (self.view(a[4], (R_,)) if self.kernel(L).get("packed", 0)
+                   else np.arange(R_) // pt)     # each row's sequence
+            self.view(a[2], (R_,))[:] = np.where(mnext >= 0, mnext, nxt[np.maximum(seq, 0)])
         elif kind == "pos":
             self.view(a[2], (B,))[:] = self.view(a[0], (B,)) + a[1][1]
             self.view(a[3], (B,))[:] = 1

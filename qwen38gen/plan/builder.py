@@ -234,7 +234,7 @@ class ScheduleBuilder:
         la_ = f"model.language_model.layers.{i}.linear_attn."
         if self.K:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, self.RS, int(verify),
-                                          self.SLOTS, tnt=tnt))
+                                          self.SLOTS, tnt=tnt, packed=packed))
             L = gdn_launch(cfg, pt, self.RS)
         else:
             g = self.plan.entry(gdn_entry(cfg, pt, self.tuning, self.arch, batch=B, tnt=tnt,

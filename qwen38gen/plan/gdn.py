@@ -63,8 +63,7 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
     each=1 writing the state after every token into its own slot (the verify pass). batch: the
     lane's B (the GE and GW rules). tnt > 0: out in wgmma_q4's activation tile order for
     8·tnt-row tiles (the out projection's XT). packed: a packed chunk's instance (a `rows`
-    argument: each sequence's first row; docs/KERNELS.md "Packed chunks"), plain program only."""
-    assert not (packed and rs is not None), "the mtp lane's chunks are not packed"
+    argument: each sequence's first row; docs/KERNELS.md "Packed chunks")."""
     dk, dv, hk, hv, k = (cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                          cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                          cfg.linear_conv_kernel_dim)
@@ -93,8 +92,8 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
     if rs is not None:
         params += ((I32, "slot"),)
     call_args = ()
-    if packed:
-        call_args = tuple(n for _, n in params) + ("nullptr", "rows")
+    if packed:   # the slot argument (mtp lane) or nullptr, then rows
+        call_args = tuple(n for _, n in params) + (() if rs is not None else ("nullptr",)) + ("rows",)
         params += ((I32, "rows"),)
     return Entry(
         name, call, params,

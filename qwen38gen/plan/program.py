@@ -96,7 +96,7 @@ def plan_buffers(cfg: ModelConfig, lanes: Lanes, n_in: int) -> dict:
 
 
 def prefill_buckets(batch: int, pt: int, btg: int) -> list[int]:
-    """The row counts a plain program's packed prefill chunk is emitted for: btg, 2·btg, 4·btg …
+    """The row counts a packed prefill chunk is emitted for: btg, 2·btg, 4·btg …
     below B·pt, then B·pt (a chunk runs in the first that holds its rows: at most twice the rows
     it carries, in whole batch tiles)."""
     cap, r, out = batch * pt, btg, []
@@ -124,19 +124,19 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
 
     b = (SpecBuilder if K else ScheduleBuilder)(cfg, lanes, plan)
     plan.schedule = {"decode": b.step(1)}
-    if K or lanes.pt == 1:
-        plan.schedule["prefill"] = b.step(lanes.pt) if lanes.pt > 1 else plan.schedule["decode"]
+    chunk = b.prefill if K else b.step   # a prefill chunk (the mtp lane's: + MTP rows over it)
+    if lanes.pt == 1:
+        plan.schedule["prefill"] = chunk(1) if K else plan.schedule["decode"]
     plan.schedule["prefill_pt"] = lanes.pt
-    if not K and lanes.pt > 1:
+    if lanes.pt > 1:
         # Packed chunks (docs/KERNELS.md): one schedule per row count a chunk may round up to,
         # so a chunk costs about the rows it carries (inputs.chunk_phase picks one).
         buckets = prefill_buckets(lanes.batch, lanes.pt, lanes.btg)
         plan.schedule["prefill_buckets"] = {"rows": buckets}
         for r in buckets:
-            plan.schedule["prefill" if r == buckets[-1] else f"prefill_r{r}"] = b.step(
+            plan.schedule["prefill" if r == buckets[-1] else f"prefill_r{r}"] = chunk(
                 lanes.pt, rows=r)
     if K:
-        plan.schedule["prefill"] = b.prefill(lanes.pt)
         plan.schedule["verify"] = b.verify()
         plan.schedule["verify_rows"] = K + 1
         if lanes.tuning.spec_sample:   # the verify pass samples on the device (spec_sample)

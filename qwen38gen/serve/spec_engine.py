@@ -7,7 +7,9 @@ prefill chunks and verify steps alternate, so a decoding slot waits for at most 
 verify step's K+1 rows per slot do not ride in a chunk, as the plain engine's one row does; the
 slots mid-prompt idle in it). Alternating gives the prompts and the decoders half the steps each
 while both have work: a prompt's time to first token at most doubles, where the decoders used to
-stand still for every chunk of every refill (at B = 64, most of the time). A verify step runs the
+stand still for every chunk of every refill (at B = 64, most of the time). A chunk is packed, as
+the plain engine's is (docs/KERNELS.md "Packed chunks"): it costs the prompt rows it carries,
+not B·pt. A verify step runs the
 program's ``verify`` schedule: each slot feeds [x, d_1 … d_K] (its last token and the MTP's
 drafts, held on the device in ``vtok``) and advances by the 1 … K+1 tokens it keeps. The engine
 appends them one at a time with engine.py's stop rule (stop ids, EOS, max_tokens, the context),
@@ -52,7 +54,7 @@ import numpy as np
 
 from ..compare import nonfinite_where
 from ..errors import NonFiniteLogits, UserError
-from ..inputs import prompt_chunk
+from ..inputs import put_chunk
 from ..sampling import SamplingParams, pack_params, sample
 from ..spec_sampling import accept_row
 from .engine import Engine, Result, Sequence, Stats
@@ -234,8 +236,11 @@ class SpecProgramSlots:
             raise UserError(f"ctx {ctx} must be ≥ 1")
         self.manifest = manifest
         self.slots, self.chunk, self.ctx = lanes["batch"], sched["prefill_pt"], ctx
-        self.cut = {"prefill": cut_index(manifest, "prefill", "spec_tokens"),
-                    "verify": cut_index(manifest, "verify", "spec_accept")}
+        # where the host path cuts each prefill schedule (packed chunks: one per row count) and
+        # the verify schedule
+        self.cut = {ph: cut_index(manifest, ph, "spec_tokens")
+                    for ph in sched if ph == "prefill" or ph.startswith("prefill_r")}
+        self.cut["verify"] = cut_index(manifest, "verify", "spec_accept")
         self.params = [SamplingParams()] * self.slots
         self.pos = np.zeros(self.slots, np.int64)
         # Tuning.spec_sample: the program judges sampled slots' drafts itself (sampling.cuh,
@@ -273,30 +278,23 @@ class SpecProgramSlots:
             if self.pos[b] + len(c) > self.ctx:
                 raise ValueError(f"slot {b}: position {self.pos[b]} + {len(c)} tokens passes the "
                                  f"context {self.ctx}")
-        toks, ntok = prompt_chunk(chunks, 0, pt)
-        mnext = np.zeros(B * pt, np.int32)          # the token after each row; −1: the chosen one
-        for b, c in enumerate(chunks):
-            for t in range(len(c)):
-                nx = c[t + 1] if t + 1 < len(c) else nexts[b]
-                mnext[b * pt + t] = -1 if nx is None else nx
         keep = self._get("vtok").reshape(B, KP).copy()  # waiting slots' next verify rows
         self._put_pos()
-        self._put("tokens", toks)
-        self._put("mnext", mnext)
-        self._put("ntok", ntok)
+        # packed (pt > 1): the chunk's rows only; mnext: the token after each row, −1: the chosen one
+        phase = put_chunk(self._put, self.manifest["schedule"], chunks, nexts)
         sampled = [b for b in ends if not self.params[b].greedy]
         if sampled:
-            cut = self.cut["prefill"]
-            self._run("prefill", 0, cut)
+            cut = self.cut[phase]
+            self._run(phase, 0, cut)
             lg = self._get("logits").reshape(-1, self.vocab)
             self._check_rows("prefill", {b: lg[b] for b in ends})
             nxt = self._get("next").reshape(-1).copy()
             for b in sampled:
                 nxt[b] = sample(lg[b], self.params[b], ends[b])
             self._put("next", nxt.astype(np.int32))
-            self._run("prefill", cut, None)
+            self._run(phase, cut, None)
         else:
-            self._run("prefill", 0, None)
+            self._run(phase, 0, None)
             if ends and self.check_logits:
                 lg = self._get("logits").reshape(-1, self.vocab)
                 self._check_rows("prefill", {b: lg[b] for b in ends})
@@ -306,7 +304,7 @@ class SpecProgramSlots:
             if b not in ends:
                 v[b] = keep[b]
         self._put("vtok", v.reshape(-1).astype(np.int32))
-        self.pos += np.asarray(ntok, np.int64)
+        self.pos += np.fromiter((len(c) for c in chunks), np.int64, B)
         return {b: int(nxt[b]) for b in ends}
 
     def verify(self, positions: dict[int, int], draft_hook=None,

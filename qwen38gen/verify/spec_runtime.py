@@ -37,7 +37,7 @@ import numpy as np
 
 from ..compare import nonfinite_where
 from ..errors import UserError
-from ..inputs import prompt_chunk
+from ..inputs import put_chunk
 from ..speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]
@@ -105,16 +105,10 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
 
     # ---- prefill chunks (target + MTP rows over the chunk)
     for c in range(max(nch)):
-        toks, ntok = prompt_chunk(padded, c, pt)
-        mnext = np.zeros(B * pt, np.int32)   # each row's next prompt token, −1: the sampled one
-        for b, p in enumerate(padded):
-            for t in range(ntok[b]):
-                i = c * pt + t + 1
-                mnext[b * pt + t] = p[i] if i < len(p) else -1
-        ex.put("tokens", toks)
-        ex.put("mnext", mnext)
-        ex.put("ntok", ntok)
-        ex.run_phase("prefill")
+        # packed (pt > 1); mnext: each row's next prompt token, −1: the chosen one
+        chunks = [p[c * pt:(c + 1) * pt] for p in padded]
+        nexts = [p[(c + 1) * pt] if (c + 1) * pt < len(p) else None for p in padded]
+        ex.run_phase(put_chunk(ex.put, sched, chunks, nexts))
         ends = [b for b in range(B) if nch[b] == c + 1]
         if ends:
             nxt = ex.get("next").reshape(-1)
