@@ -714,3 +714,30 @@ def test_sample_split_is_a_lane_choice():
     (b,), (s,) = base.manifest["schedule"]["sample"], split.manifest["schedule"]["sample"]
     assert b["k"] == "q38_sample_v1024" and s["k"] == "q38_sample_v1024_s"
     assert "sample_rows<1024, 0>" in base.source and "sample_rows<1024, 1>" in split.source
+
+
+def test_chunk_btg_builds_wide_chunks_at_the_wide_lanes_kernels():
+    """Tuning.chunk_btg = 64 at B = 16: the chunk schedules of 64 rows or more launch what the
+    B = 64 lane's chunk launches (its GEMV kernel families and tiles, over the same rows), the
+    decode step and the smaller chunks stay the lane's; the scratch and the tile-order buffers
+    are sized for the wider tile."""
+    from qwen38gen.config import load_config
+    from qwen38gen.tuning import Tuning
+
+    cfg = load_config("qwen3.8-27b")
+    base = emit_program(cfg, Lanes.make(16, pt=64)).manifest
+    wide = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(chunk_btg=64))).manifest
+    b64 = emit_program(cfg, Lanes.make(64, pt=16)).manifest
+    s, sb = wide["schedule"], base["schedule"]
+    assert s["decode"] == sb["decode"] and s["prefill_r32"] == sb["prefill_r32"]
+
+    def gemvs(man, ph):
+        return [(man["kernels"][L["k"]]["family"], L["role"], L["btg"], L["grid"])
+                for L in man["schedule"][ph] if "weight" in L]
+    assert gemvs(wide, "prefill") == gemvs(b64, "prefill")        # both 1 024 rows
+    assert {f for f, *_ in gemvs(wide, "prefill_r64")} >= {"wgmma_sk_q4", "wgmma_q4"}
+    assert {f for f, *_ in gemvs(base, "prefill")} == {"gemv_q4"}
+    assert wide["buffers"]["gemm_part"] == b64["buffers"]["gemm_part"]
+    # a lane whose tile is already 64 rows is unchanged
+    assert emit_program(cfg, Lanes.make(64, pt=16, tuning=Tuning(chunk_btg=64))).manifest[
+        "schedule"] == b64["schedule"]

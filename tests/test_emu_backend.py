@@ -180,3 +180,32 @@ def test_lock_holds_with_the_lane_choices_before_version_29():
     got = {r.id: (r.token_ids, r.finish_reason)
            for r in Engine(EmuBackend(cfg, lanes, _T["t"], CTX)).run(reqs)}
     assert got == alone("sampled")
+
+
+def test_lock_holds_with_wide_chunk_tiles():
+    """Tuning.chunk_btg = 64: a chunk of 64 rows or more runs at the 64-row tile (other GEMV
+    kernels, grids and tile orders than the lane's 8-row decode step), a smaller one at the
+    lane's. Prompts of 27–61 tokens at pt 32 fill such chunks, decoders riding in them; every
+    request gets the tokens it gets alone (at pt 4, in 8-row tiles)."""
+    from qwen38gen.tuning import Tuning
+
+    cfg, B = PRESETS["tiny"], 3
+    _T.setdefault("t", default_tensors(cfg))
+    lanes = Lanes.make(B, pt=32, tuning=Tuning(chunk_btg=64))
+    be = EmuBackend(cfg, lanes, _T["t"], 96)
+    sched = be.manifest["schedule"]
+    assert sched["prefill_buckets"]["rows"] == [8, 16, 32, 64, 96]
+    tiles = lambda ph: {L["btg"] for L in sched[ph] if "weight" in L}
+    assert tiles("prefill") == tiles("prefill_r64") == {64} and tiles("prefill_r32") == {32, 8}
+    assert tiles("decode") == {8}
+    ran, run = [], be.emu.run
+    be.emu.run = lambda phase, *a: (ran.append(phase), run(phase, *a))
+    reqs = request_mix("sampled", (40, 33, 61, 27, 50), (3, 5, 2, 4, 3), seed=4)
+    got = {r.id: (r.token_ids, r.finish_reason) for r in Engine(be).run(reqs)}
+    one = EmuBackend(cfg, Lanes.make(1, pt=PT), _T["t"], 96)
+    want = {}
+    for r in reqs:
+        (res,) = Engine(one).run([r])
+        want[r.id] = (res.token_ids, res.finish_reason)
+    assert got == want
+    assert {"prefill", "prefill_r64"} & set(ran)

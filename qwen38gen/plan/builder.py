@@ -29,10 +29,12 @@ class ScheduleBuilder:
     """The context of one program's schedules (model, lanes, plan) and its layer steps; every
     step adds the entries it launches to the plan and returns its launches."""
 
-    def __init__(self, cfg: ModelConfig, lanes: Lanes, plan: Plan):
+    def __init__(self, cfg: ModelConfig, lanes: Lanes, plan: Plan, btg: int | None = None):
+        """btg: the batch tile of the schedules this builder emits, if not the lane's (the
+        prefill chunks of Tuning.chunk_btg)."""
         self.cfg, self.lanes, self.plan = cfg, lanes, plan
         self.tuning, self.arch = lanes.tuning, arch_facts(lanes.arch)
-        self.B, self.btg, self.K = lanes.batch, lanes.btg, lanes.mtp
+        self.B, self.btg, self.K = lanes.batch, btg or lanes.btg, lanes.mtp
         self.KP = self.K + 1                 # verify rows per sequence
         self.H, self.F, self.V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         self.eps = cfg.rms_norm_eps

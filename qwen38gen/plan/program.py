@@ -23,9 +23,16 @@ def resolve_shape(shape: list, tmax: int) -> list[int]:
     return [tmax if d == "Tmax" else attn_stride(tmax) if d == "Tsplits" else d for d in shape]
 
 
+def chunk_tile(lanes: Lanes) -> int:
+    """The batch tile of the prefill chunks of at least that many rows: Tuning.chunk_btg where
+    it is more than the lane's tile (pt > 1), else the lane's."""
+    t = lanes.tuning.chunk_btg
+    return t if lanes.pt > 1 and t > lanes.btg else lanes.btg
+
+
 def plan_buffers(cfg: ModelConfig, lanes: Lanes, n_in: int) -> dict:
     """The program's buffers: name -> {"dtype", "shape"} ("state": kept between steps)."""
-    B, btg, K = lanes.batch, lanes.btg, lanes.mtp
+    B, btg, K = lanes.batch, chunk_tile(lanes), lanes.mtp   # btg: the widest tile, for h/o/act
     KP = K + 1
     H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
@@ -122,9 +129,18 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     raw = [n for n, s in cfg.tensor_shapes(mtp=bool(K)).items() if not cfg.is_int4(n, s)]
     plan.tensors = {n: raw_dtype(n) for n in raw}
 
-    b = (SpecBuilder if K else ScheduleBuilder)(cfg, lanes, plan)
+    Builder = SpecBuilder if K else ScheduleBuilder
+    b = Builder(cfg, lanes, plan)
+    # Tuning.chunk_btg: chunks of at least ct rows at that tile, from a builder of their own
+    ct = chunk_tile(lanes)
+    wide = Builder(cfg, lanes, plan, btg=ct) if ct > lanes.btg else b
     plan.schedule = {"decode": b.step(1)}
-    chunk = b.prefill if K else b.step   # a prefill chunk (the mtp lane's: + MTP rows over it)
+
+    def chunk(pt: int, rows: int | None = None) -> list[dict]:
+        """A prefill chunk (the mtp lane's: + MTP rows over it)."""
+        c = wide if rows is not None and rows >= ct else b
+        return c.prefill(pt, rows=rows) if K else c.step(pt, rows=rows)
+
     if lanes.pt == 1:
         plan.schedule["prefill"] = chunk(1) if K else plan.schedule["decode"]
     plan.schedule["prefill_pt"] = lanes.pt
@@ -145,8 +161,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             plan.buffers["stok"] = {"dtype": "int32", "shape": [lanes.batch * (K + 1)]}
     # split-K scratch, shared by every launch with ZS > 1 (launches run one at a time): fp32
     # partials, and arrival counters that every launch leaves at zero.
-    plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [b.scratch["part"]]}
-    plan.buffers["gemm_arrivals"] = {"dtype": "int32", "shape": [b.scratch["arrivals"]]}
+    scratch = {k: max(b.scratch[k], wide.scratch[k]) for k in b.scratch}
+    plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [scratch["part"]]}
+    plan.buffers["gemm_arrivals"] = {"dtype": "int32", "shape": [scratch["arrivals"]]}
     tk = plan.entry(topk_entry(cfg.vocab_size))
     # Optional, after a step: the top-k logits of each sequence's sampled row.
     plan.schedule["topk"] = [{"k": tk.name, "grid": [lanes.batch, 1, 1],

@@ -19,6 +19,20 @@ def test_serve_lock_on_the_gpu(B):
     assert stats.requests == 2 * B + 1
 
 
+def test_serve_lock_with_wide_chunk_tiles_on_the_gpu():
+    """Tuning.chunk_btg = 64: chunks of 64 rows or more run the 64-row tile's GEMV kernels while
+    decode steps (and a request's chunks alone, at most 32 rows) run the lane's 8-row tile; a
+    decoder riding in a wide chunk must get the bits it gets in a decode step, so every request
+    equals itself alone."""
+    from qwen38gen.tuning import Tuning
+
+    cfg = PRESETS["tiny"]
+    lanes = Lanes.make(3, pt=32, tuning=Tuning(chunk_btg=64))
+    res, stats = serve_lock(gpu_backends(cfg, lanes), 3, 32, cfg)
+    assert res.ok, res.rows
+    assert stats.prompt_rows > 0
+
+
 @pytest.mark.parametrize("B", [2, 3])
 def test_spec_serve_lock_on_the_gpu(B):
     """`check --serve --mtp 1` on the GPU: the speculative engine over the mtp program's slots

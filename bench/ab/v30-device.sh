@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Version 29's prepared device runs (docs/PERFORMANCE.md, "Prepared for the next device session"):
+# Tuning.chunk_btg = 64 (prefill chunks of 64 rows or more at the B = 64 lane's GEMV kernels)
+# against the default, after `VERIFY=all BENCH_B=` on the same tree (its GPU tests include
+# tests/gpu/test_serve_lock.py::test_serve_lock_with_wide_chunk_tiles_on_the_gpu). CPU machine
+# first (clean tree): make device-prep, then
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64 \
+#     qwen3.8-27b:1:pt64:chunk_btg=64 qwen3.8-27b:16:pt64:chunk_btg=64
+# then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
+# PART=serve (~200 s). Logs in $OUT (v30-PART.log and the json).
+set -uo pipefail
+OUT=${OUT:-/tmp/v30}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl 2>/dev/null || exit 3
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 COLUMNS=200
+export PYTHONPATH=/tmp/site:$PWD QWEN38_CACHE=$PWD/.cache/q38
+Q="python3 -m cli"
+PART=${PART:-ttft}
+{
+  echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  for t in "" "--tune chunk_btg=64"; do
+    if [ "$PART" = ttft ]; then   # Performance II item 4: time to first token
+      echo "==== bench --prefill 1024,8192 --batch 1,16 --pt 64 ${t:-(the lane tile)}"
+      timeout 150 $Q bench --model qwen3.8-27b --prefill 1024,8192 --batch 1,16 --pt 64 $t \
+        --json "$OUT/prefill${t:+-c64}.json" 2>&1 | tail -10
+    else                          # the 27B's serving, where chunks are ~70 % of the GPU's time
+      echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 ${t:-(the lane tile)}"
+      timeout 100 $Q bench --model qwen3.8-27b --serve realistic --requests 32 --batch 16 --pt 64 \
+        $t --json "$OUT/serve-27b-b16${t:+-c64}.json" 2>&1 | grep -v '^\s*$' | tail -6
+    fi
+  done
+} 2>&1 | tee "$OUT/v30-$PART.log"
