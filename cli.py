@@ -515,6 +515,9 @@ def _run_engine(cfg, lanes, weights_dir, seed, backend, ctx, tok, reqs, sink, su
         be_ctx = nullcontext(S.emu_backend(cfg, lanes, tensors, ctx))
     else:
         be_ctx = S.gpu_backend(cfg, lanes, tensors, ctx)
+    note = S.host_path_note(lanes, reqs)
+    if note:
+        err.print(note, markup=False)
     with be_ctx as be:
         cold["ready_s"] = round(time.perf_counter() - t_cmd, 3)
         cold.update(S.upload_figures(be))

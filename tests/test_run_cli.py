@@ -176,3 +176,26 @@ def test_a_quantized_folder_is_mapped_for_the_gpu_backend(tmp_path):
         t = backend_tensors(tiny, q, 0, False, backend)
         qw = next(v for v in t.values() if isinstance(v, qz.QuantizedTensor)).qweight
         assert isinstance(qw, np.memmap) == mapped, backend
+
+
+def test_mtp_with_sampled_requests_names_the_device_path(tmp_path):
+    """`run --mtp 1` with sampled requests on a program that judges them on the host says so
+    once and names --tune spec_sample=1; with it (or with greedy requests only) nothing is said."""
+    def emu(*args):
+        p = subprocess.run([sys.executable, "-m", "cli", "run", "--backend", "emu", "--model",
+                            "tiny", "--batch", "2", "--pt", "4", "--mtp", "1", *args],
+                           capture_output=True, text=True,
+                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin:/usr/local/bin",
+                                "OPENBLAS_NUM_THREADS": "1"})
+        return p.returncode, p.stderr
+    lines = [{"id": "g", "prompt_ids": [5, 6, 7], "max_tokens": 2},
+             {"id": "s", "prompt_ids": [8, 9], "max_tokens": 2, "temperature": 0.8, "seed": 3}]
+    mixed = write_requests(tmp_path / "mixed.jsonl", lines)
+    greedy = write_requests(tmp_path / "greedy.jsonl", lines[:1])
+    rc, err = emu("--prompts", mixed)
+    assert rc == 0 and err.count("note: 1 sampled request will have its drafts judged on the "
+                                 "host") == 1 and "--tune spec_sample=1" in err
+    rc, err = emu("--prompts", mixed, "--tune", "spec_sample=1")
+    assert rc == 0 and "note:" not in err
+    rc, err = emu("--prompts", greedy)
+    assert rc == 0 and "note:" not in err
