@@ -6,8 +6,11 @@
 # first (clean tree): make device-prep, then
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64 \
 #     qwen3.8-27b:1:pt64:chunk_btg=64 qwen3.8-27b:16:pt64:chunk_btg=64
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py tiny:7:pt16 tiny:16:pt16 tiny:64:pt16
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
-# PART=serve (~200 s). Logs in $OUT (v30-PART.log and the json).
+# PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
+# whose chunks now run 32-row tiles, against multi_tile=0, version 28's).
+# Logs in $OUT (v30-PART.log and the json).
 set -uo pipefail
 OUT=${OUT:-/tmp/v30}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl 2>/dev/null || exit 3
@@ -17,8 +20,19 @@ Q="python3 -m cli"
 PART=${PART:-ttft}
 {
   echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if [ "$PART" = tiny ]; then
+    for w in short long; do
+      for t in "" "--tune multi_tile=0"; do
+        echo "==== bench --serve $w --batch 7,16,64 (tiny) ${t:-(the defaults)}"
+        timeout 60 $Q bench --model tiny --serve $w --batch 7,16,64 $t \
+          --json "$OUT/serve-tiny-$w${t:+-mt0}.json" 2>&1 | grep -E '^serve|GPU'
+      done
+    done
+  fi
   for t in "" "--tune chunk_btg=64"; do
-    if [ "$PART" = ttft ]; then   # Performance II item 4: time to first token
+    if [ "$PART" = tiny ]; then
+      break
+    elif [ "$PART" = ttft ]; then   # Performance II item 4: time to first token
       echo "==== bench --prefill 1024,8192 --batch 1,16 --pt 64 ${t:-(the lane tile)}"
       timeout 150 $Q bench --model qwen3.8-27b --prefill 1024,8192 --batch 1,16 --pt 64 $t \
         --json "$OUT/prefill${t:+-c64}.json" 2>&1 | tail -10
