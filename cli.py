@@ -782,7 +782,9 @@ def _int_list(s: str, what: str) -> list[int]:
                    "(--mtp alone: K = 1).")
 @click.option("--trace", is_flag=True, default=False,
               help="Also replay each B's trace variant once (every block's start, wait and end "
-                   "on %globaltimer) and print where the step's time goes launch by launch.")
+                   "on %globaltimer) and print where the step's time goes launch by launch; "
+                   "with --mtp K, the speculative step's (its verify phase) beside the plain "
+                   "one's.")
 @click.option("--serve", "serve", default=None, metavar="WORKLOAD",
               help="Instead: a seeded synthetic workload (short, long, realistic: serve/workload.py) "
                    "through run's engine on the GPU program at each B.")
@@ -837,7 +839,7 @@ def bench(model, batches, ctx, reps, json_out, plot_out, peers, mtp, trace, serv
         _bench_prefill(cfg, bs, _int_list(prefill, "--prefill"), pt, json_out, tuning, btg)
         return
     if mtp:
-        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning, btg)
+        _bench_mtp(cfg, bs, ctx, reps, mtp, json_out, tuning, btg, trace)
         return
     with err.status("bench") as st:
         bw, rows = Bm.bench(cfg, bs, ctx, reps=reps, progress=lambda m: st.update(m),
@@ -934,8 +936,9 @@ def _bench_prefill(cfg, bs, prompts, pts, json_out, tuning, btg):
                    name="--json")
 
 
-def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning, btg):
-    """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py)."""
+def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning, btg, trace=False):
+    """`bench --mtp K`: table of the speculative step against the plain step (bench_mtp.py);
+    --trace: each step's timeline by kind and by weight, the plain one and the speculative one."""
     from qwen38gen.perf import bench_mtp as Mm
     from qwen38gen.lanes import Lanes
     from qwen38gen.outputs import write_text
@@ -943,10 +946,13 @@ def _bench_mtp(cfg, bs, ctx, reps, k, json_out, tuning, btg):
     Lanes.make(1, mtp=k)  # a bad K fails here, before any GPU work
     with err.status("bench --mtp") as st:
         rows = Mm.bench_mtp(cfg, bs, ctx, k=k, reps=reps, progress=lambda m: st.update(m),
-                            tuning=tuning, btg=btg)
+                            tuning=tuning, btg=btg, trace=trace)
     out.print(R.bench_mtp_table(cfg, ctx, k, rows, Mm.ALPHAS))
     out.print("spec tok/s = B · mean emitted per step / spec step (synthetic weights: acceptance "
               f"≈ 0); implied = B · (1 + α + … + α^{k}) / spec step.")
+    if trace:
+        for t in R.trace_tables(R.mtp_trace_rows(rows)):
+            out.print(t)
     if json_out:
         dev = _device_name()
         write_text(json_out, json.dumps(Mm.to_json(cfg, ctx, rows, dev), indent=1) + "\n",

@@ -112,6 +112,20 @@ def gate_table(res) -> Table:
     return t
 
 
+def mtp_trace_rows(rows) -> list:
+    """`bench --mtp K --trace`: per B, the plain step's and the speculative step's timelines as
+    trace_tables' rows (batch label, trace, step_ms)."""
+    from types import SimpleNamespace
+
+    out = []
+    for r in rows:
+        out.append(SimpleNamespace(batch=f"{r.batch}, plain step", trace=r.plain_trace,
+                                   step_ms=r.plain_ms))
+        out.append(SimpleNamespace(batch=f"{r.batch}, speculative step (verify, mtp {r.k})",
+                                   trace=r.trace, step_ms=r.spec_ms))
+    return out
+
+
 def trace_tables(rows) -> list[Table]:
     """`bench --trace`: per B, the step's advances by kind and by GEMV weight (trace.py)."""
     tables = []

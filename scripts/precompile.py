@@ -34,6 +34,7 @@ TUNE_ARGS: list[str] = []   # the command line's --tune settings (TUNING), for p
 VERIFY_PROGRAMS = (
     "tiny:2:pt8", "tiny:3:pt8",                        # tests/gpu/test_engine.py
     "tiny:1:t", "tiny:3:t", "tiny:16:t",               # tests/gpu/test_trace.py (+ tiny:1,3,16)
+    "tiny:3:1:pt2", "tiny:3:1:pt2:t",                  # ... the mtp trace variant
     "tiny:1", "tiny:3", "tiny:16", "tiny:64",          # check; one_step.py (sanitizer) at B = 3
     "tiny:1:1", "tiny:16:1",                           # check --mtp 1
     "tiny:2:1",                                        # tests/gpu/test_nan_locks.py (+ tiny:3, tiny:2:pt8)

@@ -151,3 +151,60 @@ def test_kinds_come_from_the_kernel_family(arch):
     assert fams["gemv"] == ({"gemm_q4", "wgmma_q4", "wgmma_sk_q4"} if arch == "sm_90a"
                             else {"gemv_q4", "gemm_q4"})
     assert {"rmsnorm", "rmsnorm_ld", "embed", "argmax", "spec_accept", "topk"} <= fams["rest"]
+
+
+def test_timeline_of_another_phase():
+    """timeline(..., phase=P) reads the launches of schedule P (the verify phase of an mtp
+    program under `bench --mtp K --trace`)."""
+    man = _manifest()
+    man["schedule"] = {"decode": man["schedule"]["decode"][:1], "verify": man["schedule"]["decode"]}
+    tl = T.timeline(_recs(ROWS), man, _Cfg(), phase="verify")
+    assert [s.label for s in tl.launches] == ["rest", "gate_up", "gdn.in"]
+    with pytest.raises(T.TraceError, match="recorded 3 launches, the schedule has 1"):
+        T.timeline(_recs(ROWS), man, _Cfg())
+
+
+def test_bench_mtp_trace_prints_both_steps(monkeypatch, tmp_path, capsys):
+    """`bench --mtp 1 --trace` prints, per B, the plain step's timeline and the speculative
+    step's, and writes both to the JSON."""
+    import json
+    import subprocess
+
+    import cli
+    from qwen38gen.perf import bench_mtp as Mm
+
+    tr = T.timeline(_recs(ROWS), _manifest(), _Cfg()).to_json()
+    tr["variant_ms"] = 0.012
+    row = Mm.MtpRow(batch=16, k=1, lane="b16", plain_ms=0.011, spec_ms=0.02, ratio=1.8,
+                    emitted=1.0, plain_tok_s=1.4e6, spec_tok_s=8e5,
+                    implied_tok_s={a: 1e6 for a in Mm.ALPHAS},
+                    trace=tr, plain_trace=tr)
+    seen = {}
+
+    def fake(cfg, bs, ctx, k, reps, progress, tuning, btg, trace):
+        seen["trace"] = trace
+        return [row]
+
+    monkeypatch.setattr(Mm, "bench_mtp", fake)
+    monkeypatch.setattr(cli.out, "width", 250)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ""))
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--model", "tiny", "--batch", "16", "--mtp", "1", "--trace",
+                  "--json", str(out)])
+    assert e.value.code == 0 and seen["trace"] is True
+    text = capsys.readouterr().out
+    assert "B = 16, plain step: one replay of the trace variant" in text
+    assert "B = 16, speculative step (verify, mtp 1): one replay of the trace variant" in text
+    d = json.loads(out.read_text())["mtp_rows"][0]
+    assert d["trace"]["step_us"] == pytest.approx(11.0) and d["plain_trace"] is not None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_mtp_trace_variant_compiles(tmp_path, monkeypatch):
+    from qwen38gen.gate import compile_source
+
+    monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
+    prog = emit_program(PRESETS["tiny"], Lanes.make(3, pt=2, mtp=1), trace=True)
+    res = compile_source(prog.source, prog.name + ".cu", arch="sm_90a", manifest=prog.manifest)
+    assert {k.name for k in res.kernels} == set(prog.manifest["trace"])

@@ -7,6 +7,9 @@
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:pt64 qwen3.8-27b:16:pt64 \
 #     qwen3.8-27b:1:pt64:chunk_btg=64 qwen3.8-27b:16:pt64:chunk_btg=64
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py tiny:7:pt16 tiny:16:pt16 tiny:64:pt16
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:1:pt2 qwen3.8-27b:16:1:pt2 \
+#     qwen3.8-27b:1:1:pt2:t qwen3.8-27b:16:1:pt2:t qwen3.8-27b:1:t qwen3.8-27b:16:t
+# PART=trace (~150 s): bench --mtp 1 --batch 1,16 --trace, where the speculative step goes.
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
 # PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
 # whose chunks now run 32-row tiles, against multi_tile=0, version 28's).
@@ -20,6 +23,11 @@ Q="python3 -m cli"
 PART=${PART:-ttft}
 {
   echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if [ "$PART" = trace ]; then   # Performance II item 3: the speculative step, launch by launch
+    echo "==== bench --mtp 1 --batch 1,16 --trace"
+    timeout 200 $Q bench --mtp 1 --batch 1,16 --trace --json "$OUT/bench-mtp1-trace.json" 2>&1 | tail -120
+    exit 0
+  fi
   if [ "$PART" = tiny ]; then
     for w in short long; do
       for t in "" "--tune multi_tile=0"; do

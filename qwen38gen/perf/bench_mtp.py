@@ -41,6 +41,9 @@ class MtpRow:
     plain_tok_s: float
     spec_tok_s: float                # measured
     implied_tok_s: dict = field(default_factory=dict)   # alpha -> tok/s
+    # --trace: one replay of each trace variant, trace.Timeline.to_json() + "variant_ms"
+    trace: dict | None = None        # the speculative step (the verify phase)
+    plain_trace: dict | None = None  # the plain decode step
 
 
 def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[float], float]:
@@ -51,9 +54,38 @@ def time_verify(rt: Runtime, ctx: int, warmup: int, reps: int) -> tuple[list[flo
     return out, statistics.mean(counts)
 
 
+def spec_state(rt: Runtime, cfg: ModelConfig, B: int, k: int, ctx: int) -> None:
+    """The mtp program's state before a verify replay: bench's state, a filled MTP cache, K+1
+    verify rows a sequence from state slot 0."""
+    fill_state(rt, ctx)
+    for i, name in enumerate(("mkc", "mvc")):
+        g, shape, _ = rt.bufs[name]
+        rt.fill(g, int(np.prod(shape)), "bfloat16", 97 + i, -1.0, 1.0)
+    rng = np.random.default_rng(B)
+    rt.put("vtok", rng.integers(0, cfg.vocab_size, B * (k + 1)).astype(np.int32))
+    rt.put("ntok", np.full(B, k + 1, np.int32))
+    rt.put("slot", np.zeros(B, np.int32))
+    rt.stream.synchronize()
+
+
+def trace_spec_step(cfg: ModelConfig, lanes: Lanes, ctx: int) -> dict:
+    """The timeline of one verify replay of the mtp lane's trace variant (trace.py)."""
+    from . import trace as T
+
+    cubin, man = build(cfg, lanes, trace=True)
+    with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + lanes.mtp + 2) as rt:
+        spec_state(rt, cfg, lanes.batch, lanes.mtp, ctx)
+        recs, t = T.record(rt, ctx, phase="verify")
+    d = T.timeline(recs, man, cfg, phase="verify").to_json()
+    d["variant_ms"] = t * 1e3
+    return d
+
+
 def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup: int = 5,
               reps: int = 30, progress=None, tuning: Tuning = Tuning(),
-              btg: int | None = None) -> list[MtpRow]:
+              btg: int | None = None, trace: bool = False) -> list[MtpRow]:
+    """trace: also replay each program's trace variant once (where the speculative step's time
+    goes, by kind and by weight, beside the plain step's)."""
     rows = []
     for B in batches:
         say = progress or (lambda m: None)
@@ -69,15 +101,7 @@ def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup
         say(f"B={B}: mtp={k} program, emit + nvcc")
         cubin, man = build(cfg, lanes)
         with Runtime(cubin, man, cfg, DeviceFill(seed=0), tmax=ctx + k + 2) as rt:
-            fill_state(rt, ctx)
-            for i, name in enumerate(("mkc", "mvc")):
-                g, shape, _ = rt.bufs[name]
-                rt.fill(g, int(np.prod(shape)), "bfloat16", 97 + i, -1.0, 1.0)
-            rng = np.random.default_rng(B)
-            rt.put("vtok", rng.integers(0, cfg.vocab_size, B * (k + 1)).astype(np.int32))
-            rt.put("ntok", np.full(B, k + 1, np.int32))
-            rt.put("slot", np.zeros(B, np.int32))
-            rt.stream.synchronize()
+            spec_state(rt, cfg, B, k, ctx)
             say(f"B={B}: timing {reps} verify + draft replays")
             ts, emitted = time_verify(rt, ctx, warmup, reps)
         tv = statistics.median(ts)
@@ -85,6 +109,12 @@ def bench_mtp(cfg: ModelConfig, batches: list[int], ctx: int, k: int = 1, warmup
                            ratio=tv / tp, emitted=emitted, plain_tok_s=B / tp,
                            spec_tok_s=B * emitted / tv,
                            implied_tok_s={a: B * tokens_per_step(a, k) / tv for a in ALPHAS}))
+        if trace:
+            from .bench import trace_step
+
+            say(f"B={B}: the trace variants, one replay block by block")
+            rows[-1].plain_trace = trace_step(cfg, plain, ctx)
+            rows[-1].trace = trace_spec_step(cfg, lanes, ctx)
     return rows
 
 

@@ -1,4 +1,5 @@
-"""`qwen38gen bench --trace`: a timeline of one decode step, block by block.
+"""`qwen38gen bench --trace`: a timeline of one decode step, block by block (with `--mtp K`: of
+the speculative step, the verify phase, beside the plain step's).
 
 The trace variant of a program (``emit_program(..., trace=True)``, kernels/trace.cuh) records,
 for every block of every launch, %globaltimer when it entered, when it came out of
@@ -106,9 +107,10 @@ def group_launches(recs: np.ndarray, names: list[str], sched: list[dict]) -> lis
                      f"{got(by_start)[bad]} there")
 
 
-def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None) -> Timeline:
-    """Per-launch spans of one decode replay from its block records (see the module doc)."""
-    sched = manifest["schedule"]["decode"]
+def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None,
+             phase: str = "decode") -> Timeline:
+    """Per-launch spans of one replay of ``phase`` from its block records (see the module doc)."""
+    sched = manifest["schedule"][phase]
     groups = group_launches(recs, manifest["trace"], sched)
     t00 = min(int(g["t0"].min()) for g in groups)
     ts = np.unique(np.concatenate([recs["t0"], recs["t1"]]))
@@ -152,11 +154,12 @@ def timeline(recs: np.ndarray, manifest: dict, cfg, weights: dict | None = None)
     return tl
 
 
-def record(rt, ctx: int, warmup: int = 5) -> tuple[np.ndarray, float]:
-    """One decode replay of a trace-variant program (Runtime rt, state filled): its block
-    records, and the median time of the warm-up replays (s)."""
+def record(rt, ctx: int, warmup: int = 5, phase: str = "decode") -> tuple[np.ndarray, float]:
+    """One replay of ``phase`` (the decode step; ``verify`` for an mtp program's speculative
+    step) of a trace-variant program (Runtime rt, state filled): its block records, and the
+    median time of the warm-up replays (s)."""
     drv = rt.drv
-    cap = sum(int(np.prod(s["grid"])) for s in rt.manifest["schedule"]["decode"])
+    cap = sum(int(np.prod(s["grid"])) for s in rt.manifest["schedule"][phase])
     buf = drv.mem_alloc(cap * REC.itemsize)
     try:
         ptr, size = rt.symbol("q38_trace_ctl")
@@ -165,10 +168,10 @@ def record(rt, ctx: int, warmup: int = 5) -> tuple[np.ndarray, float]:
         ctl = np.zeros(1, CTL)
         ctl["buf"], ctl["cap"] = int(buf), cap
         drv.memcpy_htod(ptr, ctl)           # the warm-up replays record too (n runs past cap)
-        t = time_graph(rt, ctx, 1, warmup)
+        t = time_graph(rt, ctx, 1, warmup, phase)
         ctl["n"] = 0
         drv.memcpy_htod(ptr, ctl)
-        time_graph(rt, ctx, 0, 1)
+        time_graph(rt, ctx, 0, 1, phase)
         drv.memcpy_dtoh(ctl, ptr)
         n = int(ctl["n"][0])
         if n != cap:
