@@ -93,7 +93,8 @@ def gdn_entry(cfg: ModelConfig, pt: int, tuning: Tuning, arch: ArchFacts,
         params += ((I32, "slot"),)
     call_args = ()
     if packed:   # the slot argument (mtp lane) or nullptr, then rows
-        call_args = tuple(n for _, n in params) + (() if rs is not None else ("nullptr",)) + ("rows",)
+        slot_arg = () if rs is not None else ("nullptr",)
+        call_args = tuple(n for _, n in params) + slot_arg + ("rows",)
         params += ((I32, "rows"),)
     return Entry(
         name, call, params,
