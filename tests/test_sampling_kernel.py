@@ -33,12 +33,8 @@ def test_compiles_through_the_gate(tmp_path, monkeypatch):
 
     monkeypatch.setenv("QWEN38_CACHE", str(tmp_path / "cache"))
     src = '#include "sampling.cuh"\n' + entry(1024) + entry(248320)
-    res = G.compile_source(src, "sampling.cu", include_dirs=(str(kernels_dir()),))
-    assert sorted(k.name for k in res.kernels) == ["q38_sample_v1024", "q38_sample_v248320"]
-    for k in res.kernels:
-        k.threads = 1024
-    assert res.problems == []
-    assert all(k.stack == 0 and k.spill_stores == 0 for k in res.kernels)
+    _assert_clean(G.compile_source(src, "sampling.cu", include_dirs=(str(kernels_dir()),)),
+                  ["q38_sample_v1024", "q38_sample_v248320"])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -53,8 +49,14 @@ def test_speculative_form_compiles_through_the_gate(tmp_path, monkeypatch):
         f"const float* fpar, const uint32_t* upar, const int* ctr, int* tok, const int* vtok, "
         f"int kp, int* acc) {{ q38::sample_rows<248320, {sp}, 1>(l, fpar, upar, ctr, tok, vtok, "
         f"kp, acc); }}\n" for sp in (0, 1))
-    res = G.compile_source(src, "spec_sampling.cu", include_dirs=(str(kernels_dir()),))
-    assert sorted(k.name for k in res.kernels) == ["q38_spec_0", "q38_spec_1"]
+    _assert_clean(G.compile_source(src, "spec_sampling.cu", include_dirs=(str(kernels_dir()),)),
+                  ["q38_spec_0", "q38_spec_1"])
+
+
+def _assert_clean(res, names):
+    """The gate's result has exactly these kernels, no problem at 1 024 threads, no stack and
+    no spills."""
+    assert sorted(k.name for k in res.kernels) == names
     for k in res.kernels:
         k.threads = 1024
     assert res.problems == []

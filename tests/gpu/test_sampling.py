@@ -20,19 +20,30 @@ PARAMS = KERNEL_PARAMS + [S.SamplingParams(temperature=1e-6, top_k=3, seed=7)]
 _MOD: dict = {}
 
 
-def _fn(v: int, split: int = 0):
+def _kernels() -> dict:
+    """Both sampler forms (SPEC 0: a token per row; SPEC 1: each verify row judged) at each
+    vocabulary and sum form, from one module: (kind, V, SPLIT) -> function."""
     if not _MOD:
         src = ['#include "sampling.cuh"']
+        args = "const q38::bf16* l, const float* fpar, const uint32_t* upar, const int* ctr, int* tok"
         for n in VOCAB:
             for sp in (0, 1):
                 src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
-                           f"q38_sample_v{n}_{sp}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
-                           f"const int* ctr, int* tok) {{ q38::sample_rows<{n}, {sp}>(l, fpar, upar, ctr, tok); }}")
+                           f"q38_sample_v{n}_{sp}({args}) "
+                           f"{{ q38::sample_rows<{n}, {sp}>(l, fpar, upar, ctr, tok); }}")
+                src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
+                           f"q38_spec_v{n}_{sp}({args}, const int* vtok, int kp, int* acc) "
+                           f"{{ q38::sample_rows<{n}, {sp}, 1>(l, fpar, upar, ctr, tok, vtok, kp, acc); }}")
         mod = build("\n".join(src) + "\n")
         for n in VOCAB:
             for sp in (0, 1):
-                _MOD[n, sp] = mod.get_function(f"q38_sample_v{n}_{sp}")
-    return _MOD[v, split]
+                for kind in ("sample", "spec"):
+                    _MOD[kind, n, sp] = mod.get_function(f"q38_{kind}_v{n}_{sp}")
+    return _MOD
+
+
+def _fn(v: int, split: int = 0):
+    return _kernels()["sample", v, split]
 
 
 def _gpu_sample(logits: np.ndarray, params, positions, split: int = 0) -> np.ndarray:
@@ -81,23 +92,8 @@ def test_draws_follow_the_softmax(cuda_ctx):
     assert np.all(np.abs(freq - prob[top]) < 5 * np.sqrt(prob[top] * (1 - prob[top]) / n) + 1e-3)
 
 
-_SPEC: dict = {}
-
-
 def _spec_fn(v: int, split: int):
-    if not _SPEC:
-        src = ['#include "sampling.cuh"']
-        for n in VOCAB:
-            for sp in (0, 1):
-                src.append(f'extern "C" __global__ void __launch_bounds__(q38::SampleLaunch<{n}>::threads)\n'
-                           f"q38_spec_v{n}_{sp}(const q38::bf16* l, const float* fpar, const uint32_t* upar, "
-                           f"const int* ctr, int* tok, const int* vtok, int kp, int* acc) "
-                           f"{{ q38::sample_rows<{n}, {sp}, 1>(l, fpar, upar, ctr, tok, vtok, kp, acc); }}")
-        mod = build("\n".join(src) + "\n")
-        for n in VOCAB:
-            for sp in (0, 1):
-                _SPEC[n, sp] = mod.get_function(f"q38_spec_v{n}_{sp}")
-    return _SPEC[v, split]
+    return _kernels()["spec", v, split]
 
 
 @pytest.mark.parametrize("split", [0, 1])
