@@ -15,6 +15,14 @@
 //             scale folded into the weights would run), one group left in flight.
 // DQ = 1 (RS only): before each group, each thread loads two uint4 of code words from shared
 // memory and unpacks its A fragments with wgmma_slot_codes, as wgmma_q4 and wgmma_sk_q4 do.
+//   3 convert in flight (docs/GEMV_MAINLOOP.md §3, step 0): one chain into acc as in 2, but
+//             every k-step's A fragments are converted just before its wgmma from the code word
+//             and the group's scale pair (lop3, sub.bf16x2, fma.rn.bf16x2: the weight rounded
+//             once to bf16, the new contract) into a ring of D register sets; set j mod D is
+//             rewritten only after wgmma.wait_group D-1, so D-1 wgmmas run while one converts.
+// wr_cvmma_*: the same conversion for mma.sync m16n8k16 (the loop's rows 1-16): each warp
+//             converts its k-step's word and issues NT mma.sync with B (the activations) read
+//             from shared memory, 8 bytes a lane per n-tile and k-step; one fp32 chain.
 // Timing only: the operands are fixed bf16 values in [1, 2), the sums go to `sink`.
 #pragma once
 #include "wgmma_q4.cuh"
@@ -188,6 +196,102 @@ __device__ __forceinline__ void wgmma_rate(float* sink, int groups) {
   sink[blockIdx.x * 128 + tid] = s;
 }
 
+
+// Two codes of w (nibbles j and j+4) -> bf16x2 {q*s, q*s}: q4_pair's exact q, then one fma.rn
+// by the scale pair s2 with -0 added (the product rounded once, to nearest even).
+__device__ __forceinline__ uint32_t q4_pair_scaled(uint32_t w, int j, uint32_t s2) {
+  const uint32_t q = q38::q4_pair(w, j);
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(s2), "r"(0x80008000u));
+  return r;
+}
+
+// MODE 3: per k-step convert into ring set k % D, then one wgmma into acc; D divides 8.
+template <int NT, int D>
+__device__ __forceinline__ void wgmma_rate_cv(float* sink, int groups) {
+  static_assert(8 % D == 0 && D >= 2, "D divides the 8 k-steps of a group");
+  constexpr int BB = NT * 256;
+  extern __shared__ __align__(128) uint4 rate_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t* w32 = reinterpret_cast<uint32_t*>(rate_smem);
+  constexpr int words = (8 * BB + 8 * 2048 + 4 * 64 * 16) / 4;
+  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
+  __syncthreads();
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(rate_smem);
+  const uint64_t bd0 = (uint64_t)((s0 & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
+  const uint4* ws = rate_smem + (8 * BB + 8 * 2048) / 16 + warp * 64;
+  const uint32_t* sp = w32 + 8 * BB / 4;  // a scale pair per group, from shared memory
+  float acc[4 * NT];
+#pragma unroll
+  for (int i = 0; i < 4 * NT; ++i) acc[i] = 0.f;
+  uint32_t a[D][4];
+#pragma unroll 1
+  for (int g = 0; g < groups; ++g) {
+    const uint32_t s2 = sp[(g & 31) * 32 + lane] & 0x3FFF3FFFu;
+    uint4 wv;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k % 4 == 0) wv = ws[32 * (k / 4) + lane];
+      const uint32_t wi = (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
+      wgmma_wait<D - 1>();  // the wgmma that read set k % D, D k-steps ago, is done
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[k % D][j] = q4_pair_scaled(wi, j, s2);
+      wgmma_fence();
+      RateMma<NT, 0>::mma(acc, a[k % D], 0, bd0 + (uint64_t)((k * BB) >> 4), 1);
+      wgmma_commit();
+    }
+  }
+  wgmma_wait<0>();
+  regs_fence<NT>(acc);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4 * NT; ++i) s += acc[i];
+  sink[blockIdx.x * 128 + tid] = s;
+}
+
+// wr_cvmma: per warp, per k-step: convert one word, NT mma.sync m16n8k16 into one fp32 chain.
+template <int NT>
+__device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
+  extern __shared__ __align__(128) uint4 rate_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t* w32 = reinterpret_cast<uint32_t*>(rate_smem);
+  constexpr int words = (8 * NT * 256 + 8 * 2048 + 4 * 64 * 16) / 4;
+  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
+  __syncthreads();
+  const uint2* xs = reinterpret_cast<const uint2*>(rate_smem);  // [k][n-tile][lane]
+  const uint4* ws = rate_smem + (8 * NT * 256 + 8 * 2048) / 16 + warp * 64;
+  const uint32_t* sp = w32 + 8 * NT * 256 / 4;
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+#pragma unroll 1
+  for (int g = 0; g < groups; ++g) {
+    const uint32_t s2 = sp[(g & 31) * 32 + lane] & 0x3FFF3FFFu;
+    uint4 wv;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k % 4 == 0) wv = ws[32 * (k / 4) + lane];
+      const uint32_t wi = (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
+      uint32_t a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = q4_pair_scaled(wi, j, s2);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint2 b = xs[(k * NT + n) * 32 + lane];
+        q38::mma_bf16_16816(acc[n], a, b.x, b.y);
+      }
+    }
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s += acc[n][e];
+  sink[blockIdx.x * 128 + tid] = s;
+}
+
 }  // namespace q38r
 
 #define Q38R_ENTRY(name, NT, SS, MODE, DQ)                                                     \
@@ -213,3 +317,18 @@ Q38R_ENTRY(wr_n128_ss_drain, 16, 1, 0, 0)
 Q38R_ENTRY(wr_n128_ss_chain, 16, 1, 2, 0)
 Q38R_ENTRY(wr_n256_ss_chain, 32, 1, 2, 0)
 Q38R_ENTRY(wr_n256_rs_chain, 32, 0, 2, 0)
+#define Q38R_CV(name, NT, D)                                                                   \
+  extern "C" __global__ void __launch_bounds__(128, 1) name(float* sink, int groups) {      \
+    q38r::wgmma_rate_cv<NT, D>(sink, groups);                                                \
+  }
+Q38R_CV(wr_n8_rs_cv2, 1, 2)
+Q38R_CV(wr_n16_rs_cv2, 2, 2)
+Q38R_CV(wr_n32_rs_cv2, 4, 2)
+Q38R_CV(wr_n64_rs_cv2, 8, 2)
+Q38R_CV(wr_n64_rs_cv4, 8, 4)
+#define Q38R_CVMMA(name, NT)                                                                   \
+  extern "C" __global__ void __launch_bounds__(128, 1) name(float* sink, int groups) {      \
+    q38r::mma_rate_cv<NT>(sink, groups);                                                     \
+  }
+Q38R_CVMMA(wr_n8_mma_cv, 1)
+Q38R_CVMMA(wr_n16_mma_cv, 2)

@@ -32,7 +32,10 @@ KERNELS = [("wr_n8_rs_chain", 8), ("wr_n8_rs_drain_dq", 8), ("wr_n16_rs_chain", 
            ("wr_n64_rs_drain", 64), ("wr_n64_rs_chain", 64), ("wr_n64_rs_drain_dq", 64),
            ("wr_n64_ss_drain", 64), ("wr_n64_ss_chain", 64), ("wr_n128_rs_chain", 128),
            ("wr_n128_ss_drain", 128), ("wr_n128_ss_chain", 128), ("wr_n256_ss_chain", 256),
-           ("wr_n256_rs_chain", 256)]
+           ("wr_n256_rs_chain", 256),
+           # docs/GEMV_MAINLOOP.md step 0: the conversion and scale in flight, one chain
+           ("wr_n8_rs_cv2", 8), ("wr_n16_rs_cv2", 16), ("wr_n32_rs_cv2", 32), ("wr_n64_rs_cv2", 64),
+           ("wr_n64_rs_cv4", 64), ("wr_n8_mma_cv", 8), ("wr_n16_mma_cv", 16)]
 BLOCKS_PER_SM = (1, 2, 3, 4)
 
 
@@ -62,8 +65,9 @@ def run(cubin: str, groups: int = 2000, reps: int = 5):
     dev = pycuda.autoinit.device
     clock = dev.get_attribute(drv.device_attribute.CLOCK_RATE) * 1e3
     print(f"{groups} groups of 8 k-steps per block; SM clock attribute {clock / 1e9:.2f} GHz; "
-          "dense bf16 TFLOP/s (2 flops per multiply-add) and cycles per m64nNk16 per SM at that clock")
-    print(f"  {'kernel':22s}" + "".join(f"  {w}/SM: TFLOP/s  clk" for w in BLOCKS_PER_SM))
+          "dense bf16 TFLOP/s (2 flops per multiply-add), cycles per m64nNk16 per SM at that clock, and "
+          "the int4 weight bytes an SM gets through per ns (64 x 16 weights of 0.5 B per m64nNk16)")
+    print(f"  {'kernel':22s}" + "".join(f"  {w}/SM: TFLOP/s  clk  B/ns" for w in BLOCKS_PER_SM))
     rows = []
     for name, n in KERNELS:
         f = mod.get_function(name)
@@ -84,8 +88,9 @@ def run(cubin: str, groups: int = 2000, reps: int = 5):
             mmas = SMS * w * groups * 8
             tflops = mmas * 64 * n * 16 * 2 / t / 1e12
             clk = t * clock / (mmas / SMS)
-            rows.append((name, w, tflops, clk))
-            line += f"  {tflops:13.1f} {clk:5.1f}"
+            bns = (mmas / SMS) * 64 * 16 * 0.5 / t / 1e9
+            rows.append((name, w, tflops, clk, bns))
+            line += f"  {tflops:13.1f} {clk:5.1f} {bns:5.1f}"
         print(line)
     return rows
 

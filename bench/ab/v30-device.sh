@@ -10,6 +10,11 @@
 #   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:1:pt2 qwen3.8-27b:16:1:pt2 \
 #     qwen3.8-27b:1:1:pt2:t qwen3.8-27b:16:1:pt2:t qwen3.8-27b:1:t qwen3.8-27b:16:t
 # PART=trace (~150 s): bench --mtp 1 --batch 1,16 --trace, where the speculative step goes.
+# PART=rate (~60 s): scripts/wgmma_rate.py's table with the conversion in flight (GEMV_MAINLOOP.md
+# step 0); build its cubin first: python scripts/wgmma_rate.py build .cache/rate.cubin
+# PART=stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0); build .cache/stream.cubin
+# first: python scripts/stream_bench.py build .cache/stream.cubin
+# PARTS="a b ...": several parts in one call, in order.
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
 # PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
 # whose chunks now run 32-row tiles, against multi_tile=0, version 28's).
@@ -20,12 +25,26 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl 2>/
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 COLUMNS=200
 export PYTHONPATH=/tmp/site:$PWD QWEN38_CACHE=$PWD/.cache/q38
 Q="python3 -m cli"
+if [ -n "${PARTS:-}" ]; then
+  for p in $PARTS; do PART=$p PARTS= bash "$0"; done
+  exit 0
+fi
 PART=${PART:-ttft}
 {
   echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   if [ "$PART" = trace ]; then   # Performance II item 3: the speculative step, launch by launch
     echo "==== bench --mtp 1 --batch 1,16 --trace"
     timeout 200 $Q bench --mtp 1 --batch 1,16 --trace --json "$OUT/bench-mtp1-trace.json" 2>&1 | tail -120
+    exit 0
+  fi
+  if [ "$PART" = rate ]; then     # Performance II item 2, step 0: the conversion in flight
+    echo "==== scripts/wgmma_rate.py run"
+    timeout 240 python3 scripts/wgmma_rate.py run .cache/rate.cubin 2>&1
+    exit 0
+  fi
+  if [ "$PART" = stream ]; then   # Performance II item 1, step 0: what the memory allows
+    echo "==== scripts/stream_bench.py run"
+    timeout 100 python3 scripts/stream_bench.py run .cache/stream.cubin 2>&1 | tail -30
     exit 0
   fi
   if [ "$PART" = tiny ]; then
