@@ -249,8 +249,10 @@ __device__ __forceinline__ void wgmma_rate_cv(float* sink, int groups) {
   sink[blockIdx.x * 128 + tid] = s;
 }
 
-// wr_cvmma: per warp, per k-step: convert one word, NT mma.sync m16n8k16 into one fp32 chain.
-template <int NT>
+// wr_*_mma_cv: per warp, per k-step: convert one word, NT mma.sync m16n8k16 into one fp32 chain.
+// wr_*_mma_dq (CV = 0, today's gemv_q4 arithmetic in the same loop): exact q, a group's 8
+// k-steps into a partial from zero, then acc += s * partial.
+template <int NT, int CV>
 __device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
   extern __shared__ __align__(128) uint4 rate_smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -261,11 +263,11 @@ __device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
   const uint2* xs = reinterpret_cast<const uint2*>(rate_smem);  // [k][n-tile][lane]
   const uint4* ws = rate_smem + (8 * NT * 256 + 8 * 2048) / 16 + warp * 64;
   const uint32_t* sp = w32 + 8 * NT * 256 / 4;
-  float acc[NT][4];
+  float acc[NT][4], pt[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+    for (int e = 0; e < 4; ++e) acc[n][e] = pt[n][e] = 0.f;
 #pragma unroll 1
   for (int g = 0; g < groups; ++g) {
     const uint32_t s2 = sp[(g & 31) * 32 + lane] & 0x3FFF3FFFu;
@@ -276,12 +278,22 @@ __device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
       const uint32_t wi = (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
       uint32_t a[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = q4_pair_scaled(wi, j, s2);
+      for (int j = 0; j < 4; ++j) a[j] = CV ? q4_pair_scaled(wi, j, s2) : q38::q4_pair(wi, j);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const uint2 b = xs[(k * NT + n) * 32 + lane];
-        q38::mma_bf16_16816(acc[n], a, b.x, b.y);
+        q38::mma_bf16_16816(CV ? acc[n] : pt[n], a, b.x, b.y);
       }
+    }
+    if constexpr (!CV) {
+      const float s0f = __uint_as_float(s2 << 16), s1f = __uint_as_float(s2 & 0xffff0000u);
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[n][e] += ((e & 2) ? s1f : s0f) * pt[n][e];
+          pt[n][e] = 0.f;
+        }
     }
   }
   float s = 0.f;
@@ -326,9 +338,11 @@ Q38R_CV(wr_n16_rs_cv2, 2, 2)
 Q38R_CV(wr_n32_rs_cv2, 4, 2)
 Q38R_CV(wr_n64_rs_cv2, 8, 2)
 Q38R_CV(wr_n64_rs_cv4, 8, 4)
-#define Q38R_CVMMA(name, NT)                                                                   \
+#define Q38R_CVMMA(name, NT, CV)                                                               \
   extern "C" __global__ void __launch_bounds__(128, 1) name(float* sink, int groups) {      \
-    q38r::mma_rate_cv<NT>(sink, groups);                                                     \
+    q38r::mma_rate_cv<NT, CV>(sink, groups);                                                 \
   }
-Q38R_CVMMA(wr_n8_mma_cv, 1)
-Q38R_CVMMA(wr_n16_mma_cv, 2)
+Q38R_CVMMA(wr_n8_mma_cv, 1, 1)
+Q38R_CVMMA(wr_n16_mma_cv, 2, 1)
+Q38R_CVMMA(wr_n8_mma_dq, 1, 0)
+Q38R_CVMMA(wr_n16_mma_dq, 2, 0)

@@ -35,7 +35,8 @@ KERNELS = [("wr_n8_rs_chain", 8), ("wr_n8_rs_drain_dq", 8), ("wr_n16_rs_chain", 
            ("wr_n256_rs_chain", 256),
            # docs/GEMV_MAINLOOP.md step 0: the conversion and scale in flight, one chain
            ("wr_n8_rs_cv2", 8), ("wr_n16_rs_cv2", 16), ("wr_n32_rs_cv2", 32), ("wr_n64_rs_cv2", 64),
-           ("wr_n64_rs_cv4", 64), ("wr_n8_mma_cv", 8), ("wr_n16_mma_cv", 16)]
+           ("wr_n64_rs_cv4", 64), ("wr_n8_mma_cv", 8), ("wr_n16_mma_cv", 16),
+           ("wr_n8_mma_dq", 8), ("wr_n16_mma_dq", 16)]
 BLOCKS_PER_SM = (1, 2, 3, 4)
 
 
