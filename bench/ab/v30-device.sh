@@ -14,7 +14,7 @@
 # step 0); build its cubin first: python scripts/wgmma_rate.py build .cache/rate.cubin
 # PART=stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0); build .cache/stream.cubin
 # first: python scripts/stream_bench.py build .cache/stream.cubin
-# PARTS="a b ...": several parts in one call, in order.
+# PARTS="a b ...": several parts in one call, in order. PREFILL=1024: PART=ttft at 1 024 tokens only.
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
 # PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
 # whose chunks now run 32-row tiles, against multi_tile=0, version 28's).
@@ -60,8 +60,8 @@ PART=${PART:-ttft}
     if [ "$PART" = tiny ]; then
       break
     elif [ "$PART" = ttft ]; then   # Performance II item 4: time to first token
-      echo "==== bench --prefill 1024,8192 --batch 1,16 --pt 64 ${t:-(the lane tile)}"
-      timeout 150 $Q bench --model qwen3.8-27b --prefill 1024,8192 --batch 1,16 --pt 64 $t \
+      echo "==== bench --prefill ${PREFILL:-1024,8192} --batch 1,16 --pt 64 ${t:-(the lane tile)}"
+      timeout 150 $Q bench --model qwen3.8-27b --prefill ${PREFILL:-1024,8192} --batch 1,16 --pt 64 $t \
         --json "$OUT/prefill${t:+-c64}.json" 2>&1 | tail -10
     else                          # the 27B's serving, where chunks are ~70 % of the GPU's time
       echo "==== bench --serve realistic --requests 32 --batch 16 --pt 64 ${t:-(the lane tile)}"
