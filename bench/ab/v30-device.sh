@@ -14,6 +14,8 @@
 # step 0); build its cubin first: python scripts/wgmma_rate.py build .cache/rate.cubin
 # PART=stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0); build .cache/stream.cubin
 # first: python scripts/stream_bench.py build .cache/stream.cubin
+# PART=spec (~60 s): check --serve --mtp 1 --tune spec_sample=1 at B = 3 and 16 (precompile
+# tiny:3:1:spec_sample=1 tiny:16:1:spec_sample=1).
 # PARTS="a b ...": several parts in one call, in order. PREFILL=1024: PART=ttft at 1 024 tokens only.
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
 # PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
@@ -35,6 +37,14 @@ PART=${PART:-ttft}
   if [ "$PART" = trace ]; then   # Performance II item 3: the speculative step, launch by launch
     echo "==== bench --mtp 1 --batch 1,16 --trace"
     timeout 200 $Q bench --mtp 1 --batch 1,16 --trace --json "$OUT/bench-mtp1-trace.json" 2>&1 | tail -120
+    exit 0
+  fi
+  if [ "$PART" = spec ]; then     # the serve lock with the program judging sampled drafts
+    for b in 3 16; do
+      echo "==== check --serve --mtp 1 --batch $b --tune spec_sample=1"
+      timeout 120 $Q check --serve --mtp 1 --batch $b --tune spec_sample=1 2>&1 | tail -4
+      echo "rc ${PIPESTATUS[0]}"
+    done
     exit 0
   fi
   if [ "$PART" = rate ]; then     # Performance II item 2, step 0: the conversion in flight
