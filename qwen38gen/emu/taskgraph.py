@@ -87,29 +87,34 @@ def _launch(emu: Emu, L: dict) -> None:
     getattr(emu, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 
 
+def launch_footprint(emu: TracingEmu, L: dict) -> Footprint:
+    """Run one launch from the emulator's current state, recording what it reads and changes;
+    the state is left as the launch leaves it. Only the buffers among the launch's arguments are
+    compared (the emulator's kernels reach buffers through their arguments alone)."""
+    args = {a[1] for a in L["args"] if a[0] == "buf"}
+    before = {n: dict.__getitem__(emu.buf, n).copy() for n in emu.buf if n in args}
+    with emu.tracing():
+        _launch(emu, L)
+        trace, touched = list(emu.trace), set(emu.buf.touched)
+    reads: dict[str, np.ndarray] = {}
+    for name, a, b in trace:
+        m = reads.setdefault(name, np.zeros(before[name].size, bool))
+        m[a:b] = True
+    for name in touched:
+        reads[name] = np.ones(before[name].size, bool)
+    writes = {}
+    for name, old in before.items():
+        new = dict.__getitem__(emu.buf, name)
+        changed = ~((old == new) | (np.isnan(old) & np.isnan(new)))
+        if changed.any():
+            writes[name] = changed
+    return Footprint(reads, writes)
+
+
 def footprints(emu: TracingEmu, phase: str) -> list[Footprint]:
     """Run ``phase`` once from the emulator's current state, launch by launch, recording each
     launch's footprint; the state is left as the phase leaves it."""
-    out = []
-    for L in emu.man["schedule"][phase]:
-        before = emu.snapshot()
-        with emu.tracing():
-            _launch(emu, L)
-            trace, touched = list(emu.trace), set(emu.buf.touched)
-        reads: dict[str, np.ndarray] = {}
-        for name, a, b in trace:
-            m = reads.setdefault(name, np.zeros(before[name].size, bool))
-            m[a:b] = True
-        for name in touched:
-            reads[name] = np.ones(before[name].size, bool)
-        writes = {}
-        for name, old in before.items():
-            new = dict.__getitem__(emu.buf, name)
-            changed = ~((old == new) | (np.isnan(old) & np.isnan(new)))
-            if changed.any():
-                writes[name] = changed
-        out.append(Footprint(reads, writes))
-    return out
+    return [launch_footprint(emu, L) for L in emu.man["schedule"][phase]]
 
 
 def _meets(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
