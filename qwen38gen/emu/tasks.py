@@ -8,10 +8,11 @@ A task's footprint is the launch's restricted to the task's slice: R(t) = the la
 within the slice's read cells, W(t) = the launch's writes within its write cells. Footprints are
 per-buffer element runs over the manifest's flat buffers, at the offsets ``Emu.view`` uses.
 Reads of int32 buffers that the launch does not write (pos, ntok, tokens, arrival counters) are
-kept whole in every task of the launch: a coarser read is always legal. What a task reads of the weights and tensors, which no
-task writes, is declared from the launch's arguments (not measured), as element runs of
-pseudo-buffers: ``w:NAME.qweight`` in 512-byte tiles of 16 rows × 64 columns, ``w:NAME.scales``
-in 32-byte units (16 rows × one group of 128), ``t:NAME`` in the tensor's elements (FORMAT.md).
+kept whole in every task of the launch: a coarser read is always legal. What a task reads of
+the weights and tensors, which no task writes, is declared from the launch's arguments (not
+measured), as element runs of pseudo-buffers: ``w:NAME.qweight`` in 512-byte tiles of 16 rows
+× 64 columns, ``w:NAME.scales`` in 32-byte units (16 rows × one group of 128), ``t:NAME`` in the
+tensor's elements (FORMAT.md).
 
 L(t) ⊆ R(t), the loader's walk, is what does not depend on the step's results: a GEMV task's
 words and scales, a norm's weight, GDN's conv weights and per-head parameters, attn_prep's q and
@@ -38,10 +39,11 @@ Cuts by family (the decode launches of the plain lanes):
 * ``attn_tc`` in its decode form: one task per (sequence, kv head), holding all its splits and
   their merge (the emulator does not model the split partials: it views attn_part, never
   writes it). Reads its query heads' q and gate, its K/V slots up to pos; writes its o columns.
-* everything else (tile-order GEMVs, the wgmma families, SwiGLU epilogues, packed or per-token
-  forms, advance, sampling, the speculative families): the whole launch is one task that walks
+* everything else (tile-order GEMVs and the wgmma families, packed or per-token forms,
+  advance, sampling, the speculative families): the whole launch is one task that walks
   nothing. A coarser task is always legal; no finer footprint is claimed than the emulator's
-  arithmetic shows (``cut_errors`` checks every cut by poisoning what a task does not read).
+  arithmetic shows (``cut_errors`` checks sampled tasks of every launch by poisoning what they
+  do not read).
 
 The reference order runs the tasks sequentially, launch by launch, then by canonical index.
 The version of an element is 0 before the first step and afterwards the id of its last writer
