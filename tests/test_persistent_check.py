@@ -112,7 +112,14 @@ def test_the_plan_passes_static_and_dynamic_checks(B):
     element at the reference's version and never deadlock."""
     d = decode(B)
     assert static(d) == []
-    assert max(len(c.producers) for c in d.plan.counters) > 16     # waits span SMs
+    # §2's counters: a GDN (sequence, key head) waits on the in-projection row blocks that meet
+    # its head's rows (q 8, k 8, v 24, z 24, b 1, a 1: dk = dv = 128, 3 value heads a key head);
+    # a norm row after the MLP on every row block of the down projection (512 rows / 16)
+    on = {(d.tasks[c].family, d.tasks[d.plan.counters[k].producers[0]].label.split()[0],
+           len(d.plan.counters[k].producers)) for c in range(len(d.tasks))
+          for k, _ in d.plan.waits[c]}
+    assert {n for f, w, n in on if f == "gdn" and w.endswith(".in")} == {66}
+    assert {n for f, w, n in on if f == "rmsnorm" and w.endswith(".down")} == {32}
     assert all(len(lst) > 100 for lst in d.plan.lists)
     for seed in range(2):
         assert dynamic(d, "random", seed=seed) == [], seed
