@@ -10,7 +10,7 @@ import pytest
 from qwen38gen.config import PRESETS
 from qwen38gen.emit import emit_program
 from qwen38gen.emu.taskgraph import (TracingEmu, dependencies, equal_state, footprints,
-                                     random_order, run_order)
+                                     launch_footprint, random_order, run_order)
 from qwen38gen.inputs import put_chunk
 from qwen38gen.lanes import Lanes
 from qwen38gen.weights import default_tensors
@@ -103,3 +103,18 @@ def test_static_lists_run_without_deadlock_and_a_bad_list_is_caught():
     bad = [[j, i] + [k for k in range(len(deps)) if k not in (i, j)]]
     ran, stuck = simulate(bad, deps, np.random.default_rng(0))
     assert stuck == [(0, j)] and ran == []
+
+
+@pytest.mark.parametrize("step", ["prefill", "decode"])
+def test_launches_change_no_buffer_outside_their_arguments(step):
+    """launch_footprint compares only a launch's argument buffers (for speed): that is all it
+    may change. Every other buffer, compared whole around each launch, stays bit for bit."""
+    emu, phase = prepared(3, 4, step)
+    for L in emu.man["schedule"][phase]:
+        args = {a[1] for a in L["args"] if a[0] == "buf"}
+        before = emu.snapshot()
+        launch_footprint(emu, L)
+        after = emu.snapshot()
+        moved = [n for n in before if n not in args
+                 and not np.array_equal(before[n], after[n], equal_nan=True)]
+        assert moved == [], (L.get("kernel"), moved)
