@@ -6,6 +6,8 @@ Tensors are plain numpy arrays keyed by their checkpoint names (``model.language
 - synthetic: ``synthetic_tensor``, ``synthetic_weights``, ``default_tensors``
 - int4 g128 (docs/FORMAT.md): ``quantize_int4``, ``pack_int4``, ``unpack_int4``,
   ``quantize_pack``, ``dequantize``, ``gemv_reference``
+- the scale folded into a bf16 weight (docs/GEMV_MAINLOOP.md §2 "New", kernels/gemv_cv.cuh):
+  ``dequantize_bf16``, ``gemv_cv_reference``
 
 Checkpoint folders (safetensors in and out) are in ``checkpoint.py``; the streaming quantizer of
 whole checkpoints is in ``quantize.py``.
@@ -298,4 +300,44 @@ def gemv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[i
         r0 = t0 * TILE_N
         d = d[:n - r0]
         out[..., r0:r0 + len(d)] = x @ d.T
+    return out
+
+
+def dequantize_bf16(qweight: np.ndarray, scales_tiled: np.ndarray,
+                    shape: tuple[int, int]) -> np.ndarray:
+    """``Ŵ = bf16(q * s)`` as float32 ``[N, K]``: the exact product ``W~`` rounded once to
+    bf16, nearest even (docs/GEMV_MAINLOOP.md §2 "New"; on the device
+    ``fma.rn.bf16x2(q, s, -0)``). Weights with |q| in {0, 1, 2, 4, 8}, and products below 2^-126
+    (multiples of bf16's subnormal step 2^-133), are unchanged; the others move by less than 2^-8
+    of themselves (bf16's unit roundoff: q · s has up to 11 significant bits, bf16 keeps 8)."""
+    return dequantize(qweight, scales_tiled, shape).astype(BF16).astype(np.float32)
+
+
+def gemv_cv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[int, int],
+                      x: np.ndarray, ks: int) -> np.ndarray:
+    """The twin of kernels/gemv_cv.cuh, in float64: ``x [..., K]`` -> ``[..., N]``.
+
+    The K/128 groups are cut into ``ks`` parts (part p = groups [p·NG/ks, (p+1)·NG/ks), as the
+    kernel cuts them); per part the fp64 sum of ``Ŵ · x`` over its columns (``dequantize_bf16``),
+    the parts added in order from 0. The kernel's chains are fp32 on the tensor core, which numpy
+    does not reproduce bit for bit: a tolerance reference."""
+    n, k, nt = check_packed(qweight, scales_tiled, shape)
+    ng = k // GROUP
+    if not 1 <= ks <= ng:
+        raise UserError(f"ks = {ks}: the parts of K = {k} number 1 to {ng} (one group of "
+                        f"{GROUP} at least each)")
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[-1] != k:
+        raise UserError(f"x has last dim {x.shape[-1]}, expected K = {k}")
+    cols = [p * ng // ks * GROUP for p in range(ks + 1)]
+    out = np.empty(x.shape[:-1] + (n,), np.float64)
+    bt = _ROW_BLOCK // TILE_N
+    for t0 in range(0, nt, bt):
+        d = _dequant_tiles(qweight[t0:t0 + bt], scales_tiled[t0:t0 + bt]).astype(BF16)
+        r0 = t0 * TILE_N
+        d = d[:n - r0].astype(np.float64)
+        acc = np.zeros(x.shape[:-1] + (len(d),), np.float64)
+        for a, b in zip(cols[:-1], cols[1:]):
+            acc = acc + x[..., a:b] @ d[:, a:b].T
+        out[..., r0:r0 + len(d)] = acc
     return out
