@@ -1,6 +1,10 @@
 """The bf16 weight of docs/GEMV_MAINLOOP.md §2 "New" on the CPU: weights.dequantize_bf16 against an
-integer formulation of round-to-nearest-even (ties, subnormal scales, every q), and the twin
-weights.gemv_cv_reference against gemv_reference within the weights' rounding."""
+integer formulation of round-to-nearest-even (ties, subnormal scales, every q), the twin
+weights.gemv_cv_reference against gemv_reference within the weights' rounding, and the GPU test's
+kernels (tests/gpu/test_gemv_cv.py) compiled by nvcc for sm_90a without spills or serialization."""
+
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,3 +114,19 @@ def test_gemv_cv_reference_refuses():
     with pytest.raises(UserError, match="x has last dim 128, expected K = 256"):
         wq.gemv_cv_reference(qw, st, (16, 256), np.ones((1, 128)), 2)
 
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_gpu_test_kernels_compile_clean():
+    """Every instance tests/gpu/test_gemv_cv.py launches, in the unit it compiles (the launch
+    figures static_asserted against plan.gemv.gemv_cv_launch), for sm_90a through the gate: no
+    spills, no stack frame, no C7513/C7514."""
+    from qwen38gen.gate import compile_kernels
+    from tests.gpu import test_gemv_cv as g
+
+    res = compile_kernels(g.source(), "gemv_cv_test.cu", arch="sm_90a")
+    assert {k.name for k in res.kernels} == {g.name(*i) for i in g.instances()}
+    for k in res.kernels:
+        assert not (k.spill_stores or k.spill_loads or k.stack), (k.name, k)
+        assert 0 < k.registers <= 128, (k.name, k.registers)
+    log = (Path(res.cubin).parent / "ptxas.log").read_text()
+    assert "C7513" not in log and "C7514" not in log, log

@@ -78,6 +78,15 @@ def gemv_smem(k: int, mt: int, st: int, a: int, zs: int = 1) -> int:
     return a * k_parts(k) // zs * st * mt * 66 * 16
 
 
+def gemv_cv_launch(nt: int, ks: int, st: int, wm: int) -> tuple[int, int]:
+    """(threads, dynamic shared memory) of a gemv_cv instance (kernels/gemv_cv.cuh GemvCvLaunch:
+    WM·KS consumer warps and a loader warp; ST chunks of 66 · 16 bytes per consumer warp, two
+    rounds of part sums, a full and an empty mbarrier per stage). docs/GEMV_MAINLOOP.md step 1;
+    no program launches it yet."""
+    c = wm * ks
+    return 32 * (c + 1), c * st * 66 * 16 + 2 * c * 4 * nt * 32 * 4 + 2 * c * st * 8
+
+
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
                a: int = 0, ms: int = 0, zs: int = 1) -> Entry:
     """ms > 0 (with epi = EPI_SWIGLU, mt = 2): the block's m-tiles are gate tile t and up tile
