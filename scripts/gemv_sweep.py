@@ -1,10 +1,12 @@
 """Sweep the schedule knobs of gemv_q4 (MT, ST, XS, AS), gemm_q4 (MT, WR, ST, ZS) and wgmma_q4
-(WG, MW, XS, ZS) at each NT over the 27B decode shapes.
+(WG, MW, XS, ZS) at each NT over the 27B decode shapes; GEMV_SWEEP=cv times gemv_cv (the scale
+folded into a bf16 weight, docs/GEMV_MAINLOOP.md step 1) beside gemv_q4.
 
   python3 scripts/gemv_sweep.py build OUT.cubin   # CPU machine: nvcc the instances (gate cache)
   python3 scripts/gemv_sweep.py run OUT.cubin     # GPU machine: time them with PyCUDA
 
-Every instance of one NT must give bitwise the same y (the knobs only reschedule the same
+Every instance of one NT and one arithmetic (gemv_q4's, which gemm_q4 and the wgmma kernels
+share, or gemv_cv's) must give bitwise the same y (the knobs only reschedule the same
 arithmetic); `run` checks that before it prints the effective weight bandwidth of each config.
 The weights rotate over a pool of distinct copies larger than L2, so no launch reads them from L2.
 """
@@ -23,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.weights import tile_activations as _tile  # noqa: E402
 from qwen38gen.plan.arch import arch_facts  # noqa: E402
-from qwen38gen.plan.gemv import gemm_part_floats, gemm_smem, gemv_smem  # noqa: E402
+from qwen38gen.plan.gemv import gemm_part_floats, gemm_smem, gemv_cv_launch, gemv_smem  # noqa: E402
 from qwen38gen.plan.wgmma import sk_pub_floats, sk_smem, wgmma_part_floats, wgmma_smem  # noqa: E402
 from qwen38gen.plan.wgmma import sk_grid as plan_sk_grid  # noqa: E402
 
@@ -59,6 +61,12 @@ SWEEP = {
 # and this script's GEMV_SWEEP=ablate are in dd8da46, removed since; until then a "b" config had
 # AB as its 6th field, before ZS and MB) and CL, CTAs of a cluster sharing each activation tile
 # by multicast (commit ea5e035; bitwise right and 2-4x slower, -v9-gemv-cluster*.txt; removed).
+
+
+def family(cfg) -> str:
+    """The arithmetic of a config: "cv" (gemv_cv) or "q4" (gemv_q4's, shared by gemm_q4 and the
+    wgmma kernels); configs of one family and NT must agree bit for bit."""
+    return "cv" if cfg[0] == "c" else "q4"
 
 
 def tile_order(cfg) -> bool:
@@ -167,6 +175,21 @@ SK16 = {
 }
 SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.in", 14336, 5120, 16),
              ("out", 5120, 6144, 64), ("down", 5120, 17408, 64), ("lm_head", 248320, 5120, 1)]
+# GEMV_SWEEP=cv (docs/GEMV_MAINLOOP.md step 1): gemv_cv (kernels/gemv_cv.cuh), configs ("c", ST,
+# WM, WALK, GB) = ring stages per consumer warp, m-tiles per block, walk (0 contiguous ranges,
+# 1 grid-stride) and GB blocks per SM in the grid (0: one round of WM m-tiles per block), beside
+# the gemv_q4 schedules the program runs at 1 row (btg 8: (1, 2, 0, 0), the one-wave weights'
+# (1, 2, 1, 0), the lm_head's (2, 3, 0, 1)) and 16 rows ((1, 2, 0, 0), (2, 2, 0, 0), the one-wave
+# weights' cluster pair (1, 2, 0, 0, 2), the lm_head's (2, 3, 0, 1)). gemv_cv's bits are its own
+# (Ŵ = bf16(q · s), one chain per part): its first config is its bitwise reference, and its
+# distance from gemv_q4's reference is printed.
+_CV_CONFIGS = [("c", 4, 1, 0, 0), ("c", 4, 1, 0, 2), ("c", 8, 1, 0, 2), ("c", 8, 1, 1, 2),
+               ("c", 6, 2, 0, 1), ("c", 4, 2, 1, 1)]
+CV = {
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 3, 0, 1)] + _CV_CONFIGS),
+    2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 2), ("b", 2, 3, 0, 1)]
+        + _CV_CONFIGS),
+}
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 2), ("b", 2, 2, 0, 0, 4), ("b", 2, 2, 0, 0, 8),
          ("b", 1, 2, 0, 0, 2), ("b", 1, 2, 0, 0, 4), ("b", 1, 2, 0, 0, 8)]
 # GEMV_SWEEP=<mode>: (the configs, the shapes, or None for SHAPES) of each mode; any other
@@ -177,7 +200,7 @@ MODES = {
     "g16": (G16, None), "g64": (G64, None), "g1": (G1, None), "t24": (T24, None),
     "merge": (MERGE, [s for s in SHAPES if s[0] in ("out", "down", "gate_up")]),
     "waves": (WAVES, WAVE_SHAPES), "sk": (SKSWEEP, SK_SHAPES),
-    "sk16": (SK16, SK_SHAPES),
+    "sk16": (SK16, SK_SHAPES), "cv": (CV, None),
 }
 if os.environ.get("GEMV_SWEEP") in MODES:
     SWEEP, _shapes = MODES[os.environ["GEMV_SWEEP"]]
@@ -217,6 +240,15 @@ def scfg(cfg):
     return tuple(cfg) + (0,) * (5 - len(cfg))
 
 
+def cv_grid(N, cfg) -> int:
+    """Blocks per batch tile of a gemv_cv launch: GB per SM, at most one per round of WM
+    m-tiles (GB = 0: exactly that)."""
+    _, _, wm, _, gb = cfg
+    tiles = -(-N // 16)
+    rounds = -(-tiles // wm)
+    return rounds if gb == 0 else min(rounds, gb * arch_facts("sm_90a").sms)
+
+
 def sk_grid(N, K, cfg):
     """(G, TB) of a wgmma_sk_q4 launch: blocks per batch tile (the config's G, else the
     program's), tile-blocks."""
@@ -226,6 +258,9 @@ def sk_grid(N, K, cfg):
 
 
 def name(k, nt, cfg):
+    if cfg[0] == "c":   # GB is a launch choice, not the instance's
+        _, st, wm, walk, _ = cfg
+        return f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}"
     if cfg[0] == "s":
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
@@ -243,6 +278,8 @@ def name(k, nt, cfg):
 
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
+    if cfg[0] == "c":
+        return gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2])[1]
     if cfg[0] == "s":
         _, cw, xs, _, _ = scfg(cfg)
         return sk_smem(8 * nt, cw, xs)
@@ -258,6 +295,9 @@ def smem_of(k, nt, cfg):
 
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
+    if cfg[0] == "c":
+        threads = gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2])[0]
+        return (cv_grid(N, cfg), -(-R // (8 * nt)), 1), (threads, 1, 1), 1
     if cfg[0] == "s":
         g, tb = sk_grid(N, k, cfg)
         gy = -(-R // (8 * nt))
@@ -288,11 +328,17 @@ def instances():
 
 def source() -> str:
     """One entry point per instance, all with the gemm signature (the part scratch and the
-    arrival counters, unused by gemv_q4)."""
+    arrival counters, unused by gemv_q4 and gemv_cv)."""
     out = ['#include "gemm_q4.cuh"', '#include "wgmma_q4.cuh"', '#include "wgmma_sk_q4.cuh"']
+    if any(c[0] == "c" for _, cs in SWEEP.values() for c in cs):
+        out.append('#include "gemv_cv.cuh"')
     for k, nt, cfg in instances():
         ks = ks_of(k)
-        if cfg[0] == "s":
+        if cfg[0] == "c":
+            _, st, wm, walk, _ = cfg
+            threads, mb = gemv_cv_launch(nt, ks, st, wm)[0], 1
+            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}>"
+        elif cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1
             call = f"wgmma_sk_q4<{k}, {nt}, {ks}, {EPI}, {cw}, {xs}, {pp}>"
@@ -374,7 +420,7 @@ def run(cubin: str, reps: int = 20):
             xt_dev = drv.to_device(_tile(xb, nt)) if any(
                 tile_order(c) for c in cfgs) else x
             y = drv.mem_alloc(R * N * 2)
-            ref = None
+            refs = {}   # family -> the bits of its first config
             for cfg in cfgs:
                 fn = mod.get_function(name(K, nt, cfg))
                 sm = smem_of(K, nt, cfg)
@@ -406,14 +452,18 @@ def run(cubin: str, reps: int = 20):
                     print(f"{sname} R={R} {cfg}: arrival counters not reset", flush=True)
                     continue
                 out = drv.from_device(y, (R, N), np.uint16)
-                same = True if ref is None else bool(np.array_equal(out, ref))
-                if ref is None:
-                    ref = out
+                fam = family(cfg)
+                same = bool(np.array_equal(out, refs.setdefault(fam, out)))
+
+                def dist(ref):
+                    """max |out - ref| / max |ref| over the bf16 values; inf where out is not finite."""
                     reff = (ref.astype(np.uint32) << 16).view(np.float32)
-                outf = (out.astype(np.uint32) << 16).view(np.float32)
-                err = float(np.nanmax(np.abs(outf - reff)) / max(np.abs(reff).max(), 1e-30))
-                if not np.isfinite(outf).all():
-                    err = float("inf")
+                    outf = (out.astype(np.uint32) << 16).view(np.float32)
+                    if not np.isfinite(outf).all():
+                        return float("inf")
+                    return float(np.nanmax(np.abs(outf - reff)) / max(np.abs(reff).max(), 1e-30))
+                err = dist(refs[fam])
+                err_q4 = dist(refs["q4"]) if fam != "q4" and "q4" in refs else None
                 t = time_back_to_back(drv, s, launch, reps)
                 ptr = np.uintp
                 preps = [pdl.prepare(name(K, nt, cfg), grid, block, sm,
@@ -426,6 +476,7 @@ def run(cubin: str, reps: int = 20):
                                 "cfg": list(cfg), "us": t * 1e6, "gbs": (wb + sb) / t / 1e9,
                                 "us_pdl": tp * 1e6, "gbs_pdl": (wb + sb) / tp / 1e9,
                                 "bitwise_same": same, "err": err, "count": count,
+                                "family": fam, "err_q4": err_q4,
                                 "regs": regs.get(name(K, nt, cfg), "")})
             x.free()
             if xt_dev is not x:
@@ -486,22 +537,24 @@ def report(results):
               f"{r['us']:9.1f} {r['gbs']:7.0f} {r.get('us_pdl', 0):9.1f} {r.get('gbs_pdl', 0):7.0f} "
               f"{'yes' if r['bitwise_same'] else 'NO':4s}  "
               f"{'' if r['bitwise_same'] else 'err %.1e ' % r.get('err', 0)}"
+              f"{'' if r.get('err_q4') is None else 'vs q4 %.1e ' % r['err_q4']}"
               f"{r['regs'].split('Used')[-1][:16]}{' SPILL' if 'SPILL' in r['regs'] else ''}"
               f"{' SERIALIZED' if 'SERIALIZED' in r['regs'] else ''}")
     print("\nbest per (shape, NT) and the step-weighted GEMV time:")
     best = {}
     for r in results:
-        k = (r["shape"], r["nt"])
+        k = (r["shape"], r["nt"], r.get("family", "q4"))
         t = r.get("us_pdl", r["us"])
         if r["bitwise_same"] and (k not in best or t < best[k].get("us_pdl", best[k]["us"])):
             best[k] = r
     tot = {}
-    for (sh, nt), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    tag = {"q4": "", "cv": " gemv_cv"}
+    for (sh, nt, fam), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         t = r.get("us_pdl", r["us"])
-        tot[nt] = tot.get(nt, 0.0) + t * r["count"]
-        print(f"  NT={nt} {sh:8s} {str(tuple(r['cfg'])):22s} {t:8.1f} us (PDL)")
-    for nt, t in tot.items():
-        print(f"  NT={nt}: step GEMV sum {t / 1e3:.3f} ms")
+        tot[nt, fam] = tot.get((nt, fam), 0.0) + t * r["count"]
+        print(f"  NT={nt}{tag[fam]} {sh:8s} {str(tuple(r['cfg'])):22s} {t:8.1f} us (PDL)")
+    for (nt, fam), t in tot.items():
+        print(f"  NT={nt}{tag[fam]}: step GEMV sum {t / 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -62,3 +62,37 @@ def test_zs_configs_keep_their_fields(monkeypatch):
     g1 = _sweep(monkeypatch, "g1")
     assert g1.name(5120, 1, ("b", 1, 2, 0, 0, 1, 5)) == "sw_k5120_m1_n1_s2_x0_a0_b5"
     assert "__launch_bounds__(256, 5) sw_k5120_m1_n1_s2_x0_a0_b5(" in g1.source()
+
+
+def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
+    """GEMV_SWEEP=cv: at 1 and 16 rows, gemv_q4's program schedules first (its bitwise reference)
+    and gemv_cv's configs, each family compared with its own first config; a gemv_cv instance is
+    named by its template arguments, launched with the threads and grid its config says."""
+    gs = _sweep(monkeypatch, "cv")
+    assert {nt: r for nt, (r, _) in gs.SWEEP.items()} == {1: 1, 2: 16}
+    for _, cfgs in gs.SWEEP.values():
+        fams = [gs.family(c) for c in cfgs]
+        assert fams[0] == "q4" and "cv" in fams
+    src = gs.source()
+    assert '#include "gemv_cv.cuh"' in src
+    line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s6_w2_k0(" in s)
+    assert "__launch_bounds__(544, 1)" in line
+    assert "q38::gemv_cv<17408, 2, 8, 0, 6, 2, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    # gate_up (2176 m-tiles): one block per m-tile, or two per SM; WM = 2: one per SM
+    assert gs.shape_of(34816, 1, 1, 5120, ("c", 4, 1, 0, 0))[:2] == ((2176, 1, 1), (288, 1, 1))
+    assert gs.shape_of(34816, 16, 2, 5120, ("c", 8, 1, 0, 2))[0] == (264, 1, 1)
+    assert gs.shape_of(34816, 16, 2, 5120, ("c", 6, 2, 0, 1))[0] == (132, 1, 1)
+    assert gs.smem_of(5120, 2, ("c", 6, 2, 0, 1)) <= 227 * 1024
+    assert '#include "gemv_cv.cuh"' not in _sweep(monkeypatch, "sk16").source()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cv_build_is_clean(monkeypatch, tmp_path):
+    gs = _sweep(monkeypatch, "cv")
+    out = tmp_path / "cv.cubin"
+    gs.build(str(out))
+    regs = json.loads(Path(str(out) + ".regs.json").read_text())
+    cv = [n for n in regs if "_cv_" in n]
+    assert len(cv) == 2 * 5 * 3   # NT 1, 2; five instances (GB is a launch choice); K 5120, 6144, 17408
+    assert not [n for n in regs if "SPILL" in regs[n] or "SERIALIZED" in regs[n]]
