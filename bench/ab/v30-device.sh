@@ -16,6 +16,8 @@
 # first: python scripts/stream_bench.py build .cache/stream.cubin
 # PART=spec (~60 s): check --serve --mtp 1 --tune spec_sample=1 at B = 3 and 16 (precompile
 # tiny:3:1:spec_sample=1 tiny:16:1:spec_sample=1).
+# gemv_cv (GEMV_MAINLOOP.md §6): GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin here,
+# then GEMV_SWEEP=cv python3 scripts/gemv_sweep.py run .cache/cv.cubin on the device.
 # PARTS="a b ...": several parts in one call, in order. PREFILL=1024: PART=ttft at 1 024 tokens only.
 # then on the device, carry [".gpu", ".cache"]: PART=ttft bash bench/ab/v30-device.sh (~300 s),
 # PART=serve (~200 s), PART=tiny (~120 s: the tiny model's serving at version 29's defaults,
