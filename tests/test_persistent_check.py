@@ -30,11 +30,11 @@ def decode(B: int) -> SimpleNamespace:
     into tasks; the emulator's state before the first, the reference order, a 4-SM plan."""
     emu, phase = prepared(B, 4, "decode")
     start = emu.snapshot()
-    steps = []
+    steps, cuts = [], []
     for _ in range(STEPS):
         tasks, fp = cut_step(emu, phase)
-        assert not steps or tasks == first, "the cut changed from step to step"
-        first = tasks
+        assert not cuts or tasks == cuts[0], "the cut changed from step to step"
+        cuts.append(tasks)
         steps.append(fp)
         emu.put("tokens", emu.get("next"))
     sizes = {n: a.size for n, a in emu.snapshot().items()}
