@@ -240,6 +240,16 @@ def scfg(cfg):
     return tuple(cfg) + (0,) * (5 - len(cfg))
 
 
+def bf16_dist(out, ref) -> float:
+    """max |out - ref| / max |ref| over bf16 bit patterns (uint16); inf where out is not finite."""
+    import numpy as np
+    reff = (ref.astype(np.uint32) << 16).view(np.float32)
+    outf = (out.astype(np.uint32) << 16).view(np.float32)
+    if not np.isfinite(outf).all():
+        return float("inf")
+    return float(np.nanmax(np.abs(outf - reff)) / max(np.abs(reff).max(), 1e-30))
+
+
 def cv_grid(N, cfg) -> int:
     """Blocks per batch tile of a gemv_cv launch: GB per SM, at most one per round of WM
     m-tiles (GB = 0: exactly that)."""
@@ -454,16 +464,8 @@ def run(cubin: str, reps: int = 20):
                 out = drv.from_device(y, (R, N), np.uint16)
                 fam = family(cfg)
                 same = bool(np.array_equal(out, refs.setdefault(fam, out)))
-
-                def dist(ref):
-                    """max |out - ref| / max |ref| over the bf16 values; inf where out is not finite."""
-                    reff = (ref.astype(np.uint32) << 16).view(np.float32)
-                    outf = (out.astype(np.uint32) << 16).view(np.float32)
-                    if not np.isfinite(outf).all():
-                        return float("inf")
-                    return float(np.nanmax(np.abs(outf - reff)) / max(np.abs(reff).max(), 1e-30))
-                err = dist(refs[fam])
-                err_q4 = dist(refs["q4"]) if fam != "q4" and "q4" in refs else None
+                err = bf16_dist(out, refs[fam])
+                err_q4 = bf16_dist(out, refs["q4"]) if fam != "q4" and "q4" in refs else None
                 t = time_back_to_back(drv, s, launch, reps)
                 ptr = np.uintp
                 preps = [pdl.prepare(name(K, nt, cfg), grid, block, sm,

@@ -112,6 +112,16 @@ struct RateMma<3, 0> : RateMmaRs<3> {};
 template <>
 struct RateMma<4, 0> : RateMmaRs<4> {};
 
+// The operands: fixed bf16 pairs in [1, 2), written by the block's 128 threads before any use.
+__device__ __forceinline__ void rate_fill(uint32_t* w32, int words, int tid) {
+  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
+  __syncthreads();
+}
+// Code word k % 4 of a lane's uint4 (k-step k of a 4-step k-tile).
+__device__ __forceinline__ uint32_t rate_word(const uint4& wv, int k) {
+  return (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
+}
+
 template <int NT>
 __device__ __forceinline__ void regs_fence(float (&d)[4 * NT]) {
 #pragma unroll
@@ -127,8 +137,7 @@ __device__ __forceinline__ void wgmma_rate(float* sink, int groups) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint32_t* w32 = reinterpret_cast<uint32_t*>(rate_smem);
   constexpr int words = (8 * BB + 8 * AB + 4 * 64 * 16) / 4;
-  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
-  __syncthreads();
+  rate_fill(w32, words, tid);
   const unsigned s0 = (unsigned)__cvta_generic_to_shared(rate_smem);
   auto desc = [](unsigned addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
@@ -215,8 +224,7 @@ __device__ __forceinline__ void wgmma_rate_cv(float* sink, int groups) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint32_t* w32 = reinterpret_cast<uint32_t*>(rate_smem);
   constexpr int words = (8 * BB + 8 * 2048 + 4 * 64 * 16) / 4;
-  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
-  __syncthreads();
+  rate_fill(w32, words, tid);
   const unsigned s0 = (unsigned)__cvta_generic_to_shared(rate_smem);
   const uint64_t bd0 = (uint64_t)((s0 & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
   const uint4* ws = rate_smem + (8 * BB + 8 * 2048) / 16 + warp * 64;
@@ -232,7 +240,7 @@ __device__ __forceinline__ void wgmma_rate_cv(float* sink, int groups) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (k % 4 == 0) wv = ws[32 * (k / 4) + lane];
-      const uint32_t wi = (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
+      const uint32_t wi = rate_word(wv, k);
       wgmma_wait<D - 1>();  // the wgmma that read set k % D, D k-steps ago, is done
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[k % D][j] = q4_pair_scaled(wi, j, s2);
@@ -258,8 +266,7 @@ __device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint32_t* w32 = reinterpret_cast<uint32_t*>(rate_smem);
   constexpr int words = (8 * NT * 256 + 8 * 2048 + 4 * 64 * 16) / 4;
-  for (int i = tid; i < words; i += 128) w32[i] = 0x3F803F80u | ((i * 37u) & 0x007F007Fu);
-  __syncthreads();
+  rate_fill(w32, words, tid);
   const uint2* xs = reinterpret_cast<const uint2*>(rate_smem);  // [k][n-tile][lane]
   const uint4* ws = rate_smem + (8 * NT * 256 + 8 * 2048) / 16 + warp * 64;
   const uint32_t* sp = w32 + 8 * NT * 256 / 4;
@@ -275,7 +282,7 @@ __device__ __forceinline__ void mma_rate_cv(float* sink, int groups) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (k % 4 == 0) wv = ws[32 * (k / 4) + lane];
-      const uint32_t wi = (k & 3) == 0 ? wv.x : (k & 3) == 1 ? wv.y : (k & 3) == 2 ? wv.z : wv.w;
+      const uint32_t wi = rate_word(wv, k);
       uint32_t a[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[j] = CV ? q4_pair_scaled(wi, j, s2) : q38::q4_pair(wi, j);

@@ -32,6 +32,13 @@ def test_every_mode_emits_its_instances(monkeypatch):
         assert all(f" {n}(" in src for n in names), mode
 
 
+def _built_regs(monkeypatch, tmp_path, mode: str) -> dict:
+    """A mode's instances built with nvcc: the register lines its .regs.json records by name."""
+    out = tmp_path / f"{mode}.cubin"
+    _sweep(monkeypatch, mode).build(str(out))
+    return json.loads(Path(str(out) + ".regs.json").read_text())
+
+
 def test_sk16_has_the_cw3_pp1_configs(monkeypatch):
     gs = _sweep(monkeypatch, "sk16")
     for nt in (2, 3, 4):
@@ -42,10 +49,7 @@ def test_sk16_has_the_cw3_pp1_configs(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_sk16_build_marks_serialized_instances(monkeypatch, tmp_path):
-    gs = _sweep(monkeypatch, "sk16")
-    out = tmp_path / "sk16.cubin"
-    gs.build(str(out))
-    regs = json.loads(Path(str(out) + ".regs.json").read_text())
+    regs = _built_regs(monkeypatch, tmp_path, "sk16")
     assert "SERIALIZED C7512" in regs["sw_k5120_sk4_n2_x6_p1"]
     for n in ("sw_k5120_sk3_n2_x6_p1", "sw_k5120_sk3_n3_x6_p1", "sw_k5120_sk3_n2_x4_p1"):
         assert "SERIALIZED" not in regs[n] and "SPILL" not in regs[n], (n, regs[n])
@@ -89,10 +93,7 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_cv_build_is_clean(monkeypatch, tmp_path):
-    gs = _sweep(monkeypatch, "cv")
-    out = tmp_path / "cv.cubin"
-    gs.build(str(out))
-    regs = json.loads(Path(str(out) + ".regs.json").read_text())
+    regs = _built_regs(monkeypatch, tmp_path, "cv")
     cv = [n for n in regs if "_cv_" in n]
     assert len(cv) == 2 * 5 * 3   # NT 1, 2; five instances (GB is a launch choice); K 5120, 6144, 17408
     assert not [n for n in regs if "SPILL" in regs[n] or "SERIALIZED" in regs[n]]

@@ -82,7 +82,8 @@ class Footprint:
     writes: dict[str, np.ndarray]     # buffer -> bool mask of elements changed
 
 
-def _launch(emu: Emu, L: dict) -> None:
+def run_launch(emu: Emu, L: dict) -> None:
+    """Run one launch of the manifest's schedule in the emulator."""
     k = emu.kernel(L)
     getattr(emu, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 
@@ -94,7 +95,7 @@ def launch_footprint(emu: TracingEmu, L: dict) -> Footprint:
     args = {a[1] for a in L["args"] if a[0] == "buf"}
     before = {n: dict.__getitem__(emu.buf, n).copy() for n in emu.buf if n in args}
     with emu.tracing():
-        _launch(emu, L)
+        run_launch(emu, L)
         trace, touched = list(emu.trace), set(emu.buf.touched)
     reads: dict[str, np.ndarray] = {}
     for name, a, b in trace:
@@ -146,7 +147,7 @@ def random_order(deps: list[set[int]], rng: np.random.Generator) -> list[int]:
 def run_order(emu: Emu, phase: str, order: list[int]) -> None:
     sched = emu.man["schedule"][phase]
     for j in order:
-        _launch(emu, sched[j])
+        run_launch(emu, sched[j])
 
 
 def equal_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:

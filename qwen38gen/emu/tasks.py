@@ -60,7 +60,7 @@ import numpy as np
 
 from ..plan.attention import attn_part_floats, attn_stride
 from ..plan.families import family
-from .taskgraph import Footprint, TracingEmu, launch_footprint
+from .taskgraph import Footprint, TracingEmu, launch_footprint, run_launch
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 QTILE, QSCALE = 512, 32            # bytes of one 16 × 64 code tile and of 16 rows' group scales
@@ -272,9 +272,7 @@ def _gdn(emu, L):
 
 def _spans(idx: np.ndarray) -> list[tuple[int, int]]:
     """Sorted indices as (start, stop) spans."""
-    m = np.zeros(int(idx.max()) + 1, bool)
-    m[idx] = True
-    return [(int(x), int(y)) for x, y in runs_of(m)]
+    return [(int(x), int(y)) for x, y in _runs_idx(np.unique(idx))]
 
 
 def _attn(emu, L):
@@ -457,7 +455,7 @@ def cut_errors(emu: TracingEmu, phase: str, tasks: list[Task], fps: StepFootprin
             for name, r in fps.reads(i).items():
                 if not lf.reads.get(name, np.zeros(0, bool))[mask_of(r, before[name].size)].all():
                     errors.append(f"task {i} ({tasks[i].label}) reads {name} outside its launch")
-        _launch_run(emu, L)
+        run_launch(emu, L)
         after = {n: dict.__getitem__(emu.buf, n).copy() for n in names}
         pick = {i for i in also if i in ts}
         if sample:
@@ -472,7 +470,7 @@ def cut_errors(emu: TracingEmu, phase: str, tasks: list[Task], fps: StepFootprin
                     continue
                 keep = mask_of(R[name], m.size) if name in R else np.zeros(m.size, bool)
                 dict.__getitem__(emu.buf, name)[m & ~keep] = np.nan
-            _launch_run(emu, L)
+            run_launch(emu, L)
             for name, idx in fps.cells[i][1].items():
                 cells = np.concatenate(idx)
                 got, want = dict.__getitem__(emu.buf, name)[cells], after[name][cells]
@@ -482,11 +480,6 @@ def cut_errors(emu: TracingEmu, phase: str, tasks: list[Task], fps: StepFootprin
         for n in names:
             dict.__getitem__(emu.buf, n)[:] = after[n]
     return errors
-
-
-def _launch_run(emu, L) -> None:
-    k = emu.kernel(L)
-    getattr(emu, "k_" + family(k["family"]).emu)(L, k.get("pt", 1))
 
 
 # -- the sequential reference order
