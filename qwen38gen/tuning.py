@@ -67,11 +67,12 @@ KNOBS: dict[str, Knob] = {
                              "sampler judges each verify row, spec_accept_sampled keeps them; "
                              "0: the host reads the rows' logits; built in version 28, not yet "
                              "run on a GPU)"),
-    "chunk_btg": Knob("0, 64", "int", (0, 64),
+    "chunk_btg": Knob("table, 0, 64", "optint", (0, 64),
                       help="prefill chunks of at least that many rows built at that batch tile "
-                           "(64: the B = 64 lane's GEMV kernels, wgmma on sm_90a) where the lane's "
-                           "tile is smaller; 0: the lane's tile (version 29: built, not yet run "
-                           "on a GPU)"),
+                           "(64: the B = 64 lane's GEMV kernels) where the lane's tile is smaller; "
+                           "table: 64 where the lane's tile is at most 16 rows on sm_90a (version "
+                           "31, H100: TTFT of 16 x 1 024 tokens 5.36 -> 3.09 s, B = 16 serving "
+                           "383 -> 542 tok/s), else the lane's; 0: the lane's tile"),
     "multi_tile": Knob("table, 0, 8, 16, 32", "optint", (0, 8, 16, 32),
                        help="gemv_q4's batch tile on launches over more rows than the lane's "
                             "btg (prefill chunks, verify passes; table: 32 where the lane's tile "
@@ -145,7 +146,7 @@ class Tuning:
     attn_mb: int = 0
     attn_grid: int | None = None
     multi_tile: int | None = None
-    chunk_btg: int = 0
+    chunk_btg: int | None = None
     sample_split: bool = True
     spec_sample: bool = False
 

@@ -228,6 +228,7 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     gemm_q4 serves btg 64 only, and wgmma_q4 only the sm_90a lanes, where the table says."""
     from qwen38gen.plan.entries import fused_weights, weight_role
     from qwen38gen.plan.gemv import gemm_part_floats
+    from qwen38gen.plan.program import chunk_tile
     from qwen38gen.plan.wgmma import sk_grid, sk_pub_floats, wgmma_launch, wgmma_part_floats
 
     prog = emit_program(PRESETS[model], Lanes.make(batch, pt=pt, arch=arch))
@@ -239,11 +240,12 @@ def test_gemm_launches_fit_their_scratch(model, batch, pt, arch):
     wgmma = [L for L in launches if family(m, L) == "wgmma_q4"]
     btg = prog.lanes.btg
     weights = fused_weights(PRESETS[model]).items()
-    want_w = any(wgmma_launch(weight_role(n), w["rows"], w["k"], btg, btg, Tuning(), H200,
-                              xt=True) for n, w in weights)
+    # a prefill chunk may run a wider tile than the lane's (Tuning.chunk_btg's table)
+    tiles = {L["btg"] for L in launches if "btg" in L} & {btg, chunk_tile(prog.lanes)}
+    want_w = any(wgmma_launch(weight_role(n), w["rows"], w["k"], t, t, Tuning(), H200,
+                              xt=True) for n, w in weights for t in tiles)
     assert bool(wgmma) == (arch == "sm_90a" and want_w)
-    if btg < 64:
-        assert not gemm
+    assert all(L["btg"] == 64 for L in gemm)
     for L in gemm + wgmma:
         gx, gy, gz = L["grid"]
         assert m["kernels"][L["k"]]["smem"] <= H200.smem_per_block
@@ -542,7 +544,7 @@ def test_swiglu_in_gate_up_epilogue_where_the_rule_says(model, batch, mtp, arch)
             assert [a[1] for a in L["args"][2:8]] == ["h", cfg.hidden_size, "act", F, F, R]
             assert L["grid"][0] == sk_grid(2 * F, cfg.hidden_size, cw, H200)[0]
             nxt = sched[sched.index(L) + 1]
-            assert nxt["role"] == "down" and nxt["tiles"] == lanes.btg // 8, nxt["k"]
+            assert nxt["role"] == "down" and nxt["tiles"] == L["btg"] // 8, nxt["k"]
         for L in fused:
             R = L["args"][7][1]
             assert swiglu_fuses(lanes.btg, R), (phase, R)
@@ -593,8 +595,8 @@ def test_tile_order_producers_meet_their_gemvs(model, batch, mtp):
             if L.get("tiles"):
                 x, nt = L["args"][2][1], L["tiles"]
                 assert kern["xt"] == 1 and nt == L["btg"] // 8, (phase, L["k"])
-                assert tiled.pop(x, None) == nt == btg // 8, (phase, L["k"])
-                nxt += 1
+                assert tiled.pop(x, None) == nt == L["btg"] // 8, (phase, L["k"])
+                nxt += L["btg"] == btg   # at the lane's tile (a wide chunk's are counted apart)
                 if kern["family"] == "wgmma_sk_q4" and L["epi"] == 2:   # gate_up + SwiGLU
                     tiled[L["args"][4][1]] = nt
             else:
@@ -682,9 +684,12 @@ def test_multi_tile_changes_only_the_multi_row_gemvs():
     from qwen38gen.tuning import Tuning
 
     cfg = load_config("qwen3.8-27b")
-    lane = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=0))).manifest["schedule"]
-    wide = emit_program(cfg, Lanes.make(16, pt=64)).manifest["schedule"]
-    assert wide == emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(multi_tile=32))).manifest["schedule"]
+    # chunk_btg=0: under the table's 64-row chunk tile, multi_tile serves chunks of 17-63 rows
+    def sched(**kw):
+        return emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(chunk_btg=0, **kw))
+                            ).manifest["schedule"]
+    lane, wide = sched(multi_tile=0), sched()
+    assert wide == sched(multi_tile=32)
     assert wide["decode"] == lane["decode"] and wide["prefill_r16"] == lane["prefill_r16"]
     tiles = {L["btg"] for L in wide["prefill"] if "weight" in L and L["weight"] != "lm_head"}
     assert tiles == {32} and {L["btg"] for L in lane["prefill"] if "weight" in L} == {16}
@@ -717,7 +722,7 @@ def test_sample_split_is_a_lane_choice():
 
 
 def test_chunk_btg_builds_wide_chunks_at_the_wide_lanes_kernels():
-    """Tuning.chunk_btg = 64 at B = 16: the chunk schedules of 64 rows or more launch what the
+    """Tuning.chunk_btg = 64 (the table's choice) at B = 16: the chunk schedules of 64 rows or more launch what the
     B = 64 lane's chunk launches (its GEMV kernel families and tiles, over the same rows), the
     decode step and the smaller chunks stay the lane's; the scratch and the tile-order buffers
     are sized for the wider tile."""
@@ -725,8 +730,17 @@ def test_chunk_btg_builds_wide_chunks_at_the_wide_lanes_kernels():
     from qwen38gen.tuning import Tuning
 
     cfg = load_config("qwen3.8-27b")
-    base = emit_program(cfg, Lanes.make(16, pt=64)).manifest
+    base = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(chunk_btg=0))).manifest
     wide = emit_program(cfg, Lanes.make(16, pt=64, tuning=Tuning(chunk_btg=64))).manifest
+    # the table's choice (chunk_btg None) is 64 at lanes of at most 16 rows on sm_90a, the
+    # lane's tile on sm_90 (no wgmma)
+    def launches(lanes):
+        m = emit_program(cfg, lanes).manifest
+        return m["kernels"], m["schedule"], m["buffers"]
+    assert launches(Lanes.make(16, pt=64)) == launches(Lanes.make(16, pt=64, tuning=Tuning(
+        chunk_btg=64)))
+    assert launches(Lanes.make(16, pt=64, arch="sm_90")) == launches(Lanes.make(
+        16, pt=64, arch="sm_90", tuning=Tuning(chunk_btg=0)))
     b64 = emit_program(cfg, Lanes.make(64, pt=16)).manifest
     s, sb = wide["schedule"], base["schedule"]
     assert s["decode"] == sb["decode"] and s["prefill_r32"] == sb["prefill_r32"]

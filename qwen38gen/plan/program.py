@@ -25,8 +25,12 @@ def resolve_shape(shape: list, tmax: int) -> list[int]:
 
 def chunk_tile(lanes: Lanes) -> int:
     """The batch tile of the prefill chunks of at least that many rows: Tuning.chunk_btg where
-    it is more than the lane's tile (pt > 1), else the lane's."""
+    it is more than the lane's tile (pt > 1), else the lane's. The table's choice is 64 where
+    the lane's tile is at most 16 rows and the arch has wgmma (the B = 64 lane's kernels; a
+    row's bits do not depend on the tile: tests/gpu/test_serve_lock.py)."""
     t = lanes.tuning.chunk_btg
+    if t is None:
+        t = 64 if lanes.btg <= 16 and arch_facts(lanes.arch).wgmma else 0
     return t if lanes.pt > 1 and t > lanes.btg else lanes.btg
 
 
