@@ -94,16 +94,21 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 }  // namespace cv
 
 // K: input width (a multiple of 128); NT, KS, ST, WM: GemvCvLaunch; EPI: EPI_STORE or EPI_ADD;
-// WALK: 0 = contiguous m-tile ranges per block, 1 = grid-stride. NT, ST, WM, WALK and the grid
-// change only the schedule: a row's result is bitwise the same for every choice of them (KS
-// changes the sum order).
-template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0>
+// WALK: 0 = contiguous m-tile ranges per block, 1 = grid-stride; XP: 1 = a consumer loads the
+// next group's activations while it multiplies this one's (version 31: with XP = 0 each group
+// waited a full L2 round trip for its x), 0 = each group's x issued just before its stage wait.
+// NT, ST, WM, WALK, XP and the grid change only the schedule: a row's result is bitwise the same
+// for every choice of them (KS changes the sum order).
+template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 1>
 __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
   static_assert(KS <= K / 128, "gemv_cv: KS <= K/128 (every part has a group)");
   static_assert(EPI == EPI_STORE || EPI == EPI_ADD, "gemv_cv: store or residual-add epilogue");
   static_assert(WALK == 0 || WALK == 1, "gemv_cv: WALK is 0 (ranges) or 1 (grid-stride)");
+  static_assert(XP == 0 || XP == 1, "gemv_cv: XP is 0 or 1 (x of the next group in flight)");
+  static_assert(XP == 0 || NT == 1 || WM * KS <= 8,
+                "gemv_cv: XP = 1 at NT = 2 needs at most 8 consumer warps (plan.gemv.gemv_cv_xp)");
   using L = GemvCvLaunch<NT, KS, ST, WM>;
   constexpr int KT = K / 64, NG = K / 128, C = L::consumers, V = L::values;
   constexpr int CB = L::chunk_bytes;
@@ -186,6 +191,17 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
     const int r = r0 + 8 * j + g;
     xrow[j] = x + (size_t)(r < R ? r : R - 1) * ldx + 16 * c;
   }
+  // Group gi's activations of this lane: 16 contiguous bf16 per n-tile and k-tile.
+  auto load_x = [&](int gi, uint4 (&xv)[NT][2][2]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4* px = reinterpret_cast<const uint4*>(xrow[j] + (2 * gi + h) * 64);
+        xv[j][h][0] = ld_after_wait16(px);
+        xv[j][h][1] = ld_after_wait16(px + 1);
+      }
+  };
   pdl_wait();  // x (and y, EPI_ADD) come from the previous kernel
 
 #pragma unroll 1
@@ -197,19 +213,20 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+      uint4 xv[NT][2][2], xn[NT][2][2];
+      if constexpr (XP) load_x(gb, xn);
 #pragma unroll 1
       for (int s = 0; s < len; ++s) {
         const int k = i * len + s, st = k % ST, gi = gb + s;
-        // The group's activations: issued before the stage's wait, so they load while it waits.
-        uint4 xv[NT][2][2];
+        if constexpr (XP) {   // this group's x arrived during the last one; the next one's starts
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+          for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint4* px = reinterpret_cast<const uint4*>(xrow[j] + (2 * gi + h) * 64);
-            xv[j][h][0] = ld_after_wait16(px);
-            xv[j][h][1] = ld_after_wait16(px + 1);
-          }
+            for (int h = 0; h < 2; ++h) xv[j][h][0] = xn[j][h][0], xv[j][h][1] = xn[j][h][1];
+          if (s + 1 < len) load_x(gi + 1, xn);
+        } else {
+          load_x(gi, xv);     // issued before the stage's wait, so it loads while that waits
+        }
         const int bar = warp * ST + st;
         mbar_wait(full0 + 8 * bar, (k / ST) & 1);
         const uint4* slot = cv_smem + (size_t)bar * (CB / 16);

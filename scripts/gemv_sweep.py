@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from qwen38gen.gate import compile_kernels  # noqa: E402
 from qwen38gen.weights import tile_activations as _tile  # noqa: E402
 from qwen38gen.plan.arch import arch_facts  # noqa: E402
-from qwen38gen.plan.gemv import gemm_part_floats, gemm_smem, gemv_cv_launch, gemv_smem  # noqa: E402
+from qwen38gen.plan.gemv import (gemm_part_floats, gemm_smem, gemv_cv_launch, gemv_cv_xp,  # noqa: E402
+                                 gemv_smem)
 from qwen38gen.plan.wgmma import sk_pub_floats, sk_smem, wgmma_part_floats, wgmma_smem  # noqa: E402
 from qwen38gen.plan.wgmma import sk_grid as plan_sk_grid  # noqa: E402
 
@@ -183,12 +184,30 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # weights' cluster pair (1, 2, 0, 0, 2), the lm_head's (2, 3, 0, 1)). gemv_cv's bits are its own
 # (Ŵ = bf16(q · s), one chain per part): its first config is its bitwise reference, and its
 # distance from gemv_q4's reference is printed.
-_CV_CONFIGS = [("c", 4, 1, 0, 0), ("c", 4, 1, 0, 2), ("c", 8, 1, 0, 2), ("c", 8, 1, 1, 2),
-               ("c", 6, 2, 0, 1), ("c", 4, 2, 1, 1)]
+# A sixth field XP = 0 (version 31) is version 30's consumer, which waited for each group's x.
+_CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0), ("c", 4, 1, 0, 2),
+               ("c", 8, 1, 0, 0), ("c", 8, 1, 0, 2), ("c", 6, 2, 0, 1), ("c", 4, 2, 1, 1)]
+def cvcfg(cfg):
+    """("c", ST, WM, WALK, GB, XP) of a gemv_cv config; XP (x of the next group in flight,
+    version 31) is 1 where the config leaves it out."""
+    return tuple(cfg) + (1,) * (6 - len(cfg))
+
+
+def cv_configs(nt: int, ks: int = 8) -> list:
+    """_CV_CONFIGS at NT, XP = 0 where the instance cannot hold the next group's x at K's KS
+    (plan.gemv.gemv_cv_xp; every shape of the sweep has KS = 8)."""
+    out = []
+    for c in _CV_CONFIGS:
+        c = cvcfg(c)
+        c = c[:5] + (gemv_cv_xp(nt, ks, c[2], c[5]),)
+        out.append(c[:5] if c[5] else c)
+    return list(dict.fromkeys(out))
+
+
 CV = {
-    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 3, 0, 1)] + _CV_CONFIGS),
+    1: (1, [("b", 1, 2, 0, 0), ("b", 1, 2, 1, 0), ("b", 2, 3, 0, 1)] + cv_configs(1)),
     2: (16, [("b", 1, 2, 0, 0), ("b", 2, 2, 0, 0), ("b", 1, 2, 0, 0, 2), ("b", 2, 3, 0, 1)]
-        + _CV_CONFIGS),
+        + cv_configs(2)),
 }
 _ZS32 = [("b", 2, 2, 0, 0), ("b", 2, 2, 0, 0, 2), ("b", 2, 2, 0, 0, 4), ("b", 2, 2, 0, 0, 8),
          ("b", 1, 2, 0, 0, 2), ("b", 1, 2, 0, 0, 4), ("b", 1, 2, 0, 0, 8)]
@@ -253,7 +272,7 @@ def bf16_dist(out, ref) -> float:
 def cv_grid(N, cfg) -> int:
     """Blocks per batch tile of a gemv_cv launch: GB per SM, at most one per round of WM
     m-tiles (GB = 0: exactly that)."""
-    _, _, wm, _, gb = cfg
+    wm, gb = cfg[2], cfg[4]
     tiles = -(-N // 16)
     rounds = -(-tiles // wm)
     return rounds if gb == 0 else min(rounds, gb * arch_facts("sm_90a").sms)
@@ -269,8 +288,8 @@ def sk_grid(N, K, cfg):
 
 def name(k, nt, cfg):
     if cfg[0] == "c":   # GB is a launch choice, not the instance's
-        _, st, wm, walk, _ = cfg
-        return f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}"
+        _, st, wm, walk, _, xp = cvcfg(cfg)
+        return f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}" + ("" if xp else "_x0")
     if cfg[0] == "s":
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
@@ -345,9 +364,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "c":
-            _, st, wm, walk, _ = cfg
+            _, st, wm, walk, _, xp = cvcfg(cfg)
             threads, mb = gemv_cv_launch(nt, ks, st, wm)[0], 1
-            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}>"
+            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}>"
         elif cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1

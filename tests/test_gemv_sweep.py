@@ -79,9 +79,12 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
         assert fams[0] == "q4" and "cv" in fams
     src = gs.source()
     assert '#include "gemv_cv.cuh"' in src
-    line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s6_w2_k0(" in s)
+    line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s6_w2_k0_x0(" in s)
     assert "__launch_bounds__(544, 1)" in line
-    assert "q38::gemv_cv<17408, 2, 8, 0, 6, 2, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    assert "q38::gemv_cv<17408, 2, 8, 0, 6, 2, 0, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    # XP = 1 (the next group's x in flight) by default; 0 where it does not fit (gemv_cv_xp)
+    assert " sw_k5120_cv_n2_s4_w1_k0(" in src and " sw_k5120_cv_n1_s4_w1_k0_x0(" in src
+    assert " sw_k5120_cv_n2_s6_w2_k0(" not in src
     # gate_up (2176 m-tiles): one block per m-tile, or two per SM; WM = 2: one per SM
     assert gs.shape_of(34816, 1, 1, 5120, ("c", 4, 1, 0, 0))[:2] == ((2176, 1, 1), (288, 1, 1))
     assert gs.shape_of(34816, 16, 2, 5120, ("c", 8, 1, 0, 2))[0] == (264, 1, 1)

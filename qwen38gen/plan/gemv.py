@@ -87,6 +87,13 @@ def gemv_cv_launch(nt: int, ks: int, st: int, wm: int) -> tuple[int, int]:
     return 32 * (c + 1), c * st * 66 * 16 + 2 * c * 4 * nt * 32 * 4 + 2 * c * st * 8
 
 
+def gemv_cv_xp(nt: int, ks: int, wm: int, xp: int = 1) -> int:
+    """gemv_cv's XP where the instance allows it, else 0: the next group's x in flight costs a
+    second set of 16 · NT registers, which at NT = 2 fits only blocks of at most 8 consumer warps
+    (at 16, 544 threads, ptxas spills: version 31). GemvCvLaunch static_asserts the same rule."""
+    return xp if nt == 1 or wm * ks <= 8 else 0
+
+
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
                a: int = 0, ms: int = 0, zs: int = 1) -> Entry:
     """ms > 0 (with epi = EPI_SWIGLU, mt = 2): the block's m-tiles are gate tile t and up tile

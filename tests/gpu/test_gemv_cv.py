@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from qwen38gen import weights as wq
-from qwen38gen.plan.gemv import gemv_cv_launch
+from qwen38gen.plan.gemv import gemv_cv_launch, gemv_cv_xp
 from tests.gpu.harness import BF16, poisoned, rel_err, to_gpu
 
 # (N, K): the tiny geometry's fused shapes, 27B-like K (5120, 17408), N not a multiple of 16
@@ -27,11 +27,13 @@ from tests.gpu.harness import BF16, poisoned, rel_err, to_gpu
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
           (5120, 17408), (200, 2176)]
 ROWS = [1, 2, 3, 8, 9, 16, 17, 33]
-BASE = (4, 1, 0)   # (ST, WM, WALK) of the plain schedule
+BASE = (4, 1, 0, 1)   # (ST, WM, WALK, XP) of the plain schedule
 # Schedules whose bits must equal BASE's: ring depths 2 to 16 (more stages than a part has
-# groups at K = 512 and 1024), two m-tiles per block, the grid-stride walk.
-SCHEDULES = [(2, 1, 1), (8, 1, 0), (3, 2, 1), (5, 2, 0), (16, 1, 1)]
-ADD_SCHEDULES = [BASE, (3, 2, 1)]   # built with EPI_ADD too
+# groups at K = 512 and 1024), two m-tiles per block, the grid-stride walk, x without the next
+# group in flight (XP = 0, version 30's consumer).
+SCHEDULES = [(2, 1, 1, 1), (8, 1, 0, 1), (3, 2, 1, 1), (5, 2, 0, 1), (16, 1, 1, 1), (4, 1, 0, 0),
+             (3, 2, 1, 0)]
+ADD_SCHEDULES = [BASE, (3, 2, 1, 1)]   # built with EPI_ADD too
 
 # bf16 output: each element is rounded once (relative < 2^-8); the fp32 sums are far below that.
 TOL = 4e-3
@@ -41,22 +43,28 @@ def ks_of(k: int) -> int:
     return min(8, k // 128)
 
 
-def name(k, nt, ks, epi, st, wm, walk) -> str:
-    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}"
+def name(k, nt, ks, epi, st, wm, walk, xp) -> str:
+    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}"
 
 
 def instances() -> list[tuple[int, ...]]:
-    """(K, NT, KS, EPI, ST, WM, WALK) of every kernel the tests launch: KS(K) at every schedule
+    """(K, NT, KS, EPI, ST, WM, WALK, XP) of every kernel the tests launch: KS(K) at every schedule
     and both epilogues, KS = 1 (GEMV_MAINLOOP.md §2's one-chain variant) at BASE."""
     out = []
     for k in sorted({k for _, k in SHAPES}):
         for nt in (1, 2):
             for sched in [BASE] + SCHEDULES:
-                out.append((k, nt, ks_of(k), 0) + sched)
+                out.append((k, nt, ks_of(k), 0) + fit(nt, ks_of(k), sched))
             for sched in ADD_SCHEDULES:
-                out.append((k, nt, ks_of(k), 1) + sched)
-            out.append((k, nt, 1, 0) + BASE)
-    return out
+                out.append((k, nt, ks_of(k), 1) + fit(nt, ks_of(k), sched))
+            out.append((k, nt, 1, 0) + fit(nt, 1, BASE))
+    return list(dict.fromkeys(out))
+
+
+def fit(nt: int, ks: int, sched: tuple) -> tuple:
+    """sched with XP = 0 where the instance cannot hold the next group's x (gemv_cv_xp)."""
+    st, wm, walk, xp = sched
+    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp)
 
 
 def source() -> str:
@@ -64,13 +72,13 @@ def source() -> str:
     plan.gemv.gemv_cv_launch."""
     src = ['#include "gemv_cv.cuh"']
     for inst in instances():
-        k, nt, ks, epi, st, wm, walk = inst
+        k, nt, ks, epi, st, wm, walk, xp = inst
         threads, smem = gemv_cv_launch(nt, ks, st, wm)
         src.append(f"""
 extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name(*inst)}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y,
               int ldy, int N, int R) {{
-  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}>(q, s, x, ldx, y, ldy, N, R);
 }}
 static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::threads == {threads} &&
               q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::dyn_smem_bytes == {smem},
@@ -81,7 +89,7 @@ static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::threads == {threads} &&
 _MOD: dict = {}
 
 
-def _kernel(k, nt, ks, epi, st, wm, walk):
+def _kernel(k, nt, ks, epi, st, wm, walk, xp):
     """(function, threads, dynamic smem) of one instance, from the gate's cubin of source()."""
     if "mod" not in _MOD:
         import pycuda.driver as drv
@@ -91,7 +99,7 @@ def _kernel(k, nt, ks, epi, st, wm, walk):
         _MOD["mod"] = drv.module_from_file(compile_kernels(source(), "gemv_cv_test.cu",
                                                            arch="sm_90a").cubin)
         _MOD["fns"] = {}
-    key = (k, nt, ks, epi, st, wm, walk)
+    key = (k, nt, ks, epi, st, wm, walk, xp)
     if key not in _MOD["fns"]:
         from qwen38gen.runtime import allow_dynamic_smem
 
@@ -129,8 +137,8 @@ class Case:
         R = xh.shape[0]
         N, K = self.N, self.K
         ks = ks or ks_of(K)
-        st, wm, walk = sched
-        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk)
+        st, wm, walk, xp = fit(nt, ks, sched)
+        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp)
         host = np.full((R + 3, N + 8), np.nan, np.float32).astype(BF16)
         if epi:
             host[:R, :N] = res
