@@ -121,7 +121,7 @@ class Lanes:
             if not ok:
                 raise UserError(f"lane {f.name}={v!r} is not supported; "
                                 f"supported {f.name}: {_describe(allowed)}")
-        if self.tuning.spec_sample and not self.mtp:
+        if self.tuning.spec_sample is True and not self.mtp:
             raise UserError("tuning spec_sample=1 is for mtp programs (the verify pass's sampled "
                             "slots); give --mtp K with it, or leave it out")
         if self.btg > max_btg(self.batch):
@@ -144,9 +144,16 @@ class Lanes:
                    pt=pt_from_env() if pt is None else pt, **kw)
 
     def plain(self, **kw) -> "Lanes":
-        """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample off; ``kw``
-        replaces other fields, e.g. pt)."""
-        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=False), **kw)
+        """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample back to the
+        table's, off without mtp; ``kw`` replaces other fields, e.g. pt)."""
+        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=None), **kw)
+
+    @property
+    def spec_sample(self) -> bool:
+        """Whether the mtp program judges sampled slots' drafts on the device: Tuning.spec_sample,
+        whose table choice is on in mtp programs (version 31)."""
+        t = self.tuning.spec_sample
+        return bool(self.mtp) if t is None else t
 
     @property
     def name(self) -> str:

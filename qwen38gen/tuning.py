@@ -28,7 +28,8 @@ class Knob:
     """One tuning field: its allowed set, spelled for messages, and its parser."""
 
     allowed: str
-    kind: str                 # "int", "bool", "choice", "sk" (CW:XS:PP), "optint" (TABLE or int)
+    kind: str                 # "int", "bool", "choice", "sk" (CW:XS:PP), "optint" (TABLE or int),
+                              # "optbool" (TABLE or bool)
     values: tuple = ()        # choice / int / optint: the allowed values
     per_role: bool = False
     help: str = ""
@@ -62,11 +63,12 @@ KNOBS: dict[str, Knob] = {
                          help="the sampler's histogram sums by 32-bit shared atomics with a carry "
                               "(same tokens, 8.6-14.8x faster on an H100: version 28; "
                               "0: 64-bit atomics)"),
-    "spec_sample": Knob("0, 1", "bool",
+    "spec_sample": Knob("table, 0, 1", "optbool",
                         help="mtp programs: sampled slots' drafts accepted on the device (the "
-                             "sampler judges each verify row, spec_accept_sampled keeps them; "
-                             "0: the host reads the rows' logits; built in version 28, not yet "
-                             "run on a GPU)"),
+                             "sampler judges each verify row, spec_accept_sampled keeps them); "
+                             "table: on in mtp programs (version 31; the host path read "
+                             "B·(K+1)·V logits a step, > 3 x slower at the 27B); 0: the host "
+                             "reads the rows' logits"),
     "chunk_btg": Knob("table, 0, 64", "optint", (0, 64),
                       help="prefill chunks of at least that many rows built at that batch tile "
                            "(64: the B = 64 lane's GEMV kernels) where the lane's tile is smaller; "
@@ -88,6 +90,8 @@ def _sk_ok(v) -> bool:
 def _value_ok(knob: Knob, v) -> bool:
     if knob.kind == "bool":
         return type(v) is bool
+    if knob.kind == "optbool":
+        return v is None or type(v) is bool
     if knob.kind == "sk":
         return _sk_ok(v)
     if knob.kind == "optint" and v is None:
@@ -100,7 +104,7 @@ def _value_ok(knob: Knob, v) -> bool:
 def _fmt(knob: Knob, v) -> str:
     if v is None:
         return TABLE
-    if knob.kind == "bool":
+    if knob.kind in ("bool", "optbool"):
         return "1" if v else "0"
     if knob.kind == "sk":
         return ":".join(map(str, v))
@@ -111,7 +115,9 @@ def _parse(key: str, knob: Knob, s: str):
     """The value of a KEY=VALUE setting, or a UserError naming the key, value and allowed set."""
     s = s.strip()
     v: object = s
-    if knob.kind == "bool":
+    if knob.kind == "optbool" and s == TABLE:
+        v = None
+    elif knob.kind in ("bool", "optbool"):
         v = {"1": True, "0": False, "true": True, "false": False}.get(s.lower(), s)
     elif knob.kind == "sk":
         parts = s.split(":")
@@ -148,7 +154,7 @@ class Tuning:
     multi_tile: int | None = None
     chunk_btg: int | None = None
     sample_split: bool = True
-    spec_sample: bool = False
+    spec_sample: bool | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -206,7 +212,7 @@ class Tuning:
         for f in fields(self):
             knob, v = KNOBS[f.name], getattr(self, f.name)
             d[f.name] = ({r: _fmt(knob, x) for r, x in v} if knob.per_role
-                         else _fmt(knob, v) if knob.kind in ("sk", "optint") else v)
+                         else _fmt(knob, v) if knob.kind in ("sk", "optint", "optbool") else v)
         return d
 
     @classmethod

@@ -99,10 +99,14 @@ def test_rejects_before_writing(tmp_path):
 
 
 def test_mtp_emission_deterministic():
-    """An mtp lane emits (the verify schedule and the speculative kernels), twice the same."""
+    """An mtp lane emits (the verify schedule and the speculative kernels), twice the same; by
+    default it judges sampled slots' drafts itself (spec_accept_sampled), spec_sample=0 not."""
     a, b = (emit_program(PRESETS["tiny"], Lanes.make(3, pt=16, mtp=2)) for _ in range(2))
     assert a.source == b.source and a.manifest == b.manifest
-    assert "q38_spec_accept_k2" in a.manifest["kernels"] and "verify" in a.manifest["schedule"]
+    assert "q38_spec_accept_s_k2" in a.manifest["kernels"] and "verify" in a.manifest["schedule"]
+    host = emit_program(PRESETS["tiny"], Lanes.make(3, pt=16, mtp=2, tuning=Tuning(
+        spec_sample=False))).manifest
+    assert "q38_spec_accept_k2" in host["kernels"] and "sacc" not in host["buffers"]
     plain = emit_program(PRESETS["tiny"], Lanes.make(3, pt=16)).manifest
     assert "verify" not in plain["schedule"] and "slot" not in plain["buffers"]
 

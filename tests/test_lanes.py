@@ -22,14 +22,22 @@ def test_defaults_and_name(monkeypatch):
 
 
 def test_spec_sample_needs_an_mtp_program():
+    """spec_sample=1 only with --mtp; the table's choice (the default) is on in mtp programs and
+    off in plain ones, spec_sample=0 keeps the host path; the plain lanes beside an mtp lane take
+    the table's (no tuning suffix of their own)."""
     from qwen38gen.tuning import Tuning
 
     t = Tuning.parse(["spec_sample=1"])
-    assert Lanes.make(3, mtp=1, tuning=t).tuning.spec_sample
+    assert Lanes.make(3, mtp=1, tuning=t).spec_sample
     with pytest.raises(UserError, match=r"^tuning spec_sample=1 is for mtp programs .*give --mtp K"):
         Lanes.make(3, tuning=t)
+    assert Lanes.make(3, mtp=1).spec_sample and not Lanes.make(3).spec_sample
+    off = Lanes.make(3, mtp=1, tuning=Tuning.parse(["spec_sample=0"]))
+    assert not off.spec_sample and off.name.endswith(off.tuning.suffix()) and off.tuning.suffix()
+    assert Tuning.parse(["spec_sample=table"]) == Tuning()
     p = Lanes.make(3, mtp=1, tuning=Tuning.parse(["spec_sample=1", "gdn_ge=4"])).plain(pt=1)
-    assert (p.mtp, p.pt, p.tuning.spec_sample, p.tuning.gdn_ge) == (0, 1, False, 4)
+    assert (p.mtp, p.pt, p.spec_sample, p.tuning.gdn_ge) == (0, 1, False, 4)
+    assert Lanes.make(3, mtp=1).plain().name == Lanes.make(3).name
 
 
 def test_the_default_tile_of_a_model_whose_weights_sit_in_l2():

@@ -180,7 +180,8 @@ def test_a_quantized_folder_is_mapped_for_the_gpu_backend(tmp_path):
 
 def test_mtp_with_sampled_requests_names_the_device_path(tmp_path):
     """`run --mtp 1` with sampled requests on a program that judges them on the host says so
-    once and names --tune spec_sample=1; with it (or with greedy requests only) nothing is said."""
+    once and names --tune spec_sample=0 (version 31: the default program judges them itself);
+    without it (or with greedy requests only) nothing is said."""
     def emu(*args):
         p = subprocess.run([sys.executable, "-m", "cli", "run", "--backend", "emu", "--model",
                             "tiny", "--batch", "2", "--pt", "4", "--mtp", "1", *args],
@@ -192,10 +193,10 @@ def test_mtp_with_sampled_requests_names_the_device_path(tmp_path):
              {"id": "s", "prompt_ids": [8, 9], "max_tokens": 2, "temperature": 0.8, "seed": 3}]
     mixed = write_requests(tmp_path / "mixed.jsonl", lines)
     greedy = write_requests(tmp_path / "greedy.jsonl", lines[:1])
-    rc, err = emu("--prompts", mixed)
+    rc, err = emu("--prompts", mixed, "--tune", "spec_sample=0")
     assert rc == 0 and err.count("note: 1 sampled request will have its drafts judged on the "
-                                 "host") == 1 and "--tune spec_sample=1" in err
-    rc, err = emu("--prompts", mixed, "--tune", "spec_sample=1")
+                                 "host") == 1 and "--tune spec_sample=0" in err
+    rc, err = emu("--prompts", mixed)
     assert rc == 0 and "note:" not in err
     rc, err = emu("--prompts", greedy)
     assert rc == 0 and "note:" not in err

@@ -28,6 +28,7 @@ from qwen38gen.emu.spec_backend import EmuSpecBackend
 from qwen38gen.serve.engine import Engine
 from qwen38gen.errors import UserError
 from qwen38gen.lanes import Lanes
+from qwen38gen.tuning import Tuning
 from qwen38gen.serve.requests import Request, default_seed
 from qwen38gen.sampling import SamplingParams
 from qwen38gen.serve.spec_engine import MtpResult, SpecEngine
@@ -154,16 +155,16 @@ def test_sampled_does_not_depend_on_the_batch():
 
 @pytest.mark.parametrize("B,K", [(2, 1), pytest.param(3, 2, marks=pytest.mark.slow)])
 def test_the_program_samples_as_the_host_does(B, K):
-    """--tune spec_sample=1: the program judges sampled slots' drafts (the emulated sampler
-    with SPEC = 1 and spec_accept_sampled) and every request gets the host path's tokens, greedy
-    neighbours included; drafts forced to the greedy stream so that some are kept and some not."""
-    from qwen38gen.tuning import Tuning
+    """The program judges sampled slots' drafts (spec_sample's default: the emulated sampler with
+    SPEC = 1 and spec_accept_sampled) and every request gets the host path's tokens (--tune
+    spec_sample=0), greedy neighbours included; drafts forced to the greedy stream so that some
+    are kept and some not."""
 
     reqs = requests("sampled")
     hook = forced(plain(requests(), "greedy"))
-    host, _ = spec(B, K, reqs, hook)
-    dev, eng = spec(B, K, reqs, hook, tuning=Tuning.parse(["spec_sample=1"]))
-    assert eng.backend.device_spec
+    host, heng = spec(B, K, reqs, hook, tuning=Tuning.parse(["spec_sample=0"]))
+    dev, eng = spec(B, K, reqs, hook)
+    assert eng.backend.device_spec and not heng.backend.device_spec
     assert {i: r.token_ids for i, r in dev.items()} == {i: r.token_ids for i, r in host.items()}
     sampled = [r.id for r in reqs if not r.sampling.greedy]
     acc = sum(dev[i].drafts_accepted for i in sampled)
@@ -274,9 +275,10 @@ class EmuRuntime:
     """The runtime's interface over the emulated schedule, recording how phases are run: a
     whole phase (``run_phase``: a CUDA graph replay on the GPU) or a list of launches."""
 
-    def __init__(self, B, K):
+    def __init__(self, B, K, tuning=None):
         cfg = PRESETS["tiny"]
-        self.inner = EmuSpecBackend(cfg, Lanes.make(B, pt=PT, mtp=K), tensors(), CTX)
+        lanes = Lanes.make(B, pt=PT, mtp=K, **({"tuning": tuning} if tuning else {}))
+        self.inner = EmuSpecBackend(cfg, lanes, tensors(), CTX)
         self.emu, self.cfg, self.mtp = self.inner.emu, cfg, K
         self.manifest, self.tmax = self.inner.manifest, self.emu.tmax
         self.launches = {ph: [(ph, i) for i in range(len(s))]
@@ -305,24 +307,31 @@ class EmuRuntime:
             self.emu.run(ph, i, i + 1)
 
 
-def test_runtime_spec_backend_drives_the_program_as_the_emulator():
+@pytest.mark.parametrize("host", [True, False])
+def test_runtime_spec_backend_drives_the_program_as_the_emulator(host):
     """RuntimeSpecBackend (the GPU backend's host side) over a stand-in runtime that executes the
-    schedule in numpy: the same tokens as EmuSpecBackend; greedy-only steps replay a whole phase,
-    a step with a sampled slot runs the two halves around the accept kernel (the host path)."""
+    schedule in numpy: the same tokens as EmuSpecBackend. With --tune spec_sample=0 (host)
+    greedy-only steps replay a whole phase and a step with a sampled slot runs the two halves
+    around the accept kernel; by default (the program judges sampled drafts) every verify step is
+    one replay. A sampled prompt's first token is drawn on the host either way (the prefill cut
+    before the MTP reads it)."""
     from qwen38gen.serve.spec_engine import RuntimeSpecBackend, spec_headroom
 
     s = requests("sampled")
     reqs = [s[3], s[0]]                       # greedy, then sampled (r0 and r2 sample)
-    rt = EmuRuntime(1, 1)
+    rt = EmuRuntime(1, 1, Tuning(spec_sample=False) if host else None)
     with pytest.raises(UserError, match=r"needs"):
         RuntimeSpecBackend(rt, rt.tmax)
     be = RuntimeSpecBackend(rt, rt.tmax - spec_headroom(1))
+    assert be.device_spec == (not host)
     got = {r.id: r.token_ids for r in SpecEngine(be).run(reqs)}
     want, _ = spec(1, 1, reqs)
     assert got == {i: r.token_ids for i, r in want.items()}
     cut = be.cut["verify"]
-    assert ("graph", "verify") in rt.log and ("launches", "verify", 0, cut) in rt.log
-    assert ("launches", "verify", cut + 1, len(rt.launches["verify"]) - cut - 1) in rt.log
+    assert ("graph", "verify") in rt.log
+    split = [("launches", "verify", 0, cut),
+             ("launches", "verify", cut + 1, len(rt.launches["verify"]) - cut - 1)]
+    assert all((e in rt.log) == host for e in split), rt.log
     assert ("launches", "prefill", 0, be.cut["prefill"]) in rt.log
 
 

@@ -14,8 +14,8 @@
 # step 0); build its cubin first: python scripts/wgmma_rate.py build .cache/rate.cubin
 # PART=stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0); build .cache/stream.cubin
 # first: python scripts/stream_bench.py build .cache/stream.cubin
-# PART=spec (~60 s): check --serve --mtp 1 --tune spec_sample=1 at B = 3 and 16 (precompile
-# tiny:3:1:spec_sample=1 tiny:16:1:spec_sample=1).
+# PART=spec (~60 s): check --serve --mtp 1 at B = 3 and 16, the program judging sampled drafts
+# (spec_sample's table choice since version 31; precompile tiny:16:1).
 # gemv_cv (GEMV_MAINLOOP.md §6): GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin here,
 # then GEMV_SWEEP=cv python3 scripts/gemv_sweep.py run .cache/cv.cubin on the device.
 # PARTS="a b ...": several parts in one call, in order. PREFILL=1024: PART=ttft at 1 024 tokens only.
@@ -43,8 +43,8 @@ PART=${PART:-ttft}
   fi
   if [ "$PART" = spec ]; then     # the serve lock with the program judging sampled drafts
     for b in 3 16; do
-      echo "==== check --serve --mtp 1 --batch $b --tune spec_sample=1"
-      timeout 120 $Q check --serve --mtp 1 --batch $b --tune spec_sample=1 2>&1 | tail -4
+      echo "==== check --serve --mtp 1 --batch $b"
+      timeout 120 $Q check --serve --mtp 1 --batch $b 2>&1 | tail -4
       echo "rc ${PIPESTATUS[0]}"
     done
     exit 0

@@ -124,7 +124,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     wgmma = arch_facts(lanes.arch).wgmma
     plan = Plan(headers=list(HEADERS) + (["wgmma_q4.cuh", "wgmma_sk_q4.cuh"] if wgmma else [])
                 + (MTP_HEADERS if K else [])
-                + ([SAMPLE_HEADER] if not K or lanes.tuning.spec_sample else []))
+                + ([SAMPLE_HEADER] if not K or lanes.spec_sample else []))
     plan.weights = fused_weights(cfg, mtp=bool(K))
     n_in = max(w["rows"] for n, w in plan.weights.items() if n.endswith(".in"))
     plan.constants = [("Q38_BATCH", lanes.batch), ("Q38_BTG", lanes.btg), ("Q38_PT", lanes.pt),
@@ -159,7 +159,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     if K:
         plan.schedule["verify"] = b.verify()
         plan.schedule["verify_rows"] = K + 1
-        if lanes.tuning.spec_sample:   # the verify pass samples on the device (spec_sample)
+        if lanes.spec_sample:   # the verify pass samples on the device (spec_sample)
             plan.buffers.update(sample_buffers(lanes.batch))
             plan.buffers["sacc"] = {"dtype": "int32", "shape": [lanes.batch * (K + 1)]}
             plan.buffers["stok"] = {"dtype": "int32", "shape": [lanes.batch * (K + 1)]}

@@ -139,7 +139,7 @@ class SpecBuilder(ScheduleBuilder):
         B, KP = self.B, self.KP
         s = self.step(KP, tokens="vtok", verify=True, advance=False)
         grid = [cdiv(B, SPEC_THREADS), 1, 1]
-        if not self.tuning.spec_sample:
+        if not self.lanes.spec_sample:
             ac = self.plan.entry(spec_accept_entry(KP))
             s.append({"k": ac.name, "grid": grid,
                       "args": [buf("vtok"), buf("vnext"), buf("ntok"), buf("emit"), buf("count"),

@@ -57,13 +57,13 @@ def check_requests(requests, cfg: ModelConfig, ctx: int, mtp: int,
 
 def host_path_note(lanes, requests) -> str | None:
     """The line `run --mtp K` prints where sampled requests will be judged on the host (the mtp
-    program without Tuning.spec_sample): correct, but it reads B·(K+1)·V logits a step."""
+    program built with --tune spec_sample=0): correct, but it reads B·(K+1)·V logits a step."""
     n = sum(not r.sampling.greedy for r in requests)
-    if not lanes.mtp or lanes.tuning.spec_sample or not n:
+    if not lanes.mtp or lanes.spec_sample or not n:
         return None
     return (f"note: {n} sampled request{'s' if n > 1 else ''} will have {'their' if n > 1 else 'its'}"
             f" drafts judged on the host (the verify step's logits read back, slow at large "
-            f"vocabularies); --tune spec_sample=1 has the program judge them (same tokens)")
+            f"vocabularies); without --tune spec_sample=0 the program judges them (same tokens)")
 
 
 def float_tensors(cfg: ModelConfig, weights_dir: Path | None, seed: int,

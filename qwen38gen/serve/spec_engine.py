@@ -30,8 +30,9 @@ Token choice:
   rest of the schedule (MTP rows over the kept tokens, the next drafts). The first token after
   the prompt is chosen the same way (the prefill schedule is cut before the MTP reads it):
   ``sampling.sample`` at that position, as the plain engine does. This reads B·(K+1)·V logits
-  from the device per such step; it is correct, not fast. With ``--tune spec_sample=1`` the
-  program decides instead (version 28; not yet run on a GPU): the sampler judges each verify row
+  from the device per such step; it is correct, not fast, and runs only for programs built with
+  ``--tune spec_sample=0``. By default (Tuning.spec_sample's table choice since version 31) the
+  program decides instead: the sampler judges each verify row
   of a sampled slot by spec_sampling's integer rule (kernels/sampling.cuh, SPEC = 1) and
   spec_accept_sampled keeps the drafts, with the same tokens as the host path.
 

@@ -50,16 +50,16 @@ def test_spec_serve_lock_on_the_gpu(B):
 
 @pytest.mark.parametrize("B", [2, 3])
 def test_the_program_samples_as_the_host_does_on_the_gpu(B):
-    """--tune spec_sample=1 on the GPU: the mtp program judges sampled slots' drafts itself
-    (sampling.cuh SPEC = 1, spec_accept_sampled); every lock request gets the tokens of the host
-    path (the default program), and `check --serve --mtp 1`'s lock holds for it."""
+    """The mtp program judges sampled slots' drafts itself on the GPU (the default since version
+    31: sampling.cuh SPEC = 1, spec_accept_sampled); every lock request gets the tokens of the
+    host path (--tune spec_sample=0), and `check --serve --mtp 1`'s lock holds for it."""
     from qwen38gen.serve.spec_engine import SpecEngine
     from qwen38gen.tuning import Tuning
     from qwen38gen.verify.serve_lock import lock_requests, spec_serve_lock
 
     cfg = PRESETS["tiny"]
-    host = Lanes.make(B, pt=8, mtp=1)
-    dev = Lanes.make(B, pt=8, mtp=1, tuning=Tuning.parse(["spec_sample=1"]))
+    host = Lanes.make(B, pt=8, mtp=1, tuning=Tuning.parse(["spec_sample=0"]))
+    dev = Lanes.make(B, pt=8, mtp=1)
     reqs = lock_requests(B, 8, cfg.vocab_size)
     assert any(not r.sampling.greedy for r in reqs) and any(r.sampling.greedy for r in reqs)
     runs = {}
