@@ -253,6 +253,17 @@ def pack_params(params: list[SamplingParams], positions: list[int]):
     return fpar, upar, np.asarray(positions, np.int64).astype(np.uint32).view(np.int32)
 
 
+def put_greedy_params(put, buffers: dict, batch: int) -> None:
+    """Greedy parameters for every slot into a program's sampler columns (samp_fpar, samp_upar),
+    where it has them: what a greedy run of an mtp program that judges sampled drafts
+    (Tuning.spec_sample) must find there, not what a fill or a poison left."""
+    if "samp_fpar" not in buffers:
+        return
+    fpar, upar, _ = pack_params([DEFAULTS] * batch, [0] * batch)
+    put("samp_fpar", fpar)
+    put("samp_upar", upar.view(np.int32))
+
+
 def unpack_params(fpar, upar) -> SamplingParams:
     """One row of pack_params's arrays back to its parameters (what the kernel reads)."""
     u = [int(v) & M32 for v in upar]

@@ -212,3 +212,18 @@ def test_errors_carry_their_field():
     with pytest.raises(UserError, match=r"^line 4: min_p 2 is out of range") as e:
         parse_request({"prompt_ids": [1], "min_p": 2}, "line 4", 0, 16)
     assert e.value.field == "min_p" and e.value.reason.startswith("2 is out of range")
+
+
+def test_put_greedy_params_fills_the_sampler_columns_only_where_they_exist():
+    """put_greedy_params: every slot's row of samp_fpar / samp_upar unpacks to greedy parameters
+    (a greedy run of a spec_sample program must not read a fill's or a poison's values); a
+    program without those buffers gets nothing."""
+    from qwen38gen.sampling import put_greedy_params, unpack_params
+
+    got = {}
+    put_greedy_params(got.__setitem__, {"samp_fpar": {}, "samp_upar": {}}, 3)
+    assert set(got) == {"samp_fpar", "samp_upar"} and got["samp_fpar"].shape[0] == 3
+    assert all(unpack_params(f, u).greedy for f, u in zip(got["samp_fpar"], got["samp_upar"]))
+    none = {}
+    put_greedy_params(none.__setitem__, {"logits": {}}, 3)
+    assert none == {}

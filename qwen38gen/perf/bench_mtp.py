@@ -19,6 +19,7 @@ from ..build import build
 from ..config import ModelConfig
 from ..lanes import Lanes, capped_btg
 from ..runtime import DeviceFill, Runtime
+from ..sampling import put_greedy_params
 from ..tuning import Tuning
 from .bench import fill_state, time_graph
 
@@ -65,6 +66,7 @@ def spec_state(rt: Runtime, cfg: ModelConfig, B: int, k: int, ctx: int) -> None:
     rt.put("vtok", rng.integers(0, cfg.vocab_size, B * (k + 1)).astype(np.int32))
     rt.put("ntok", np.full(B, k + 1, np.int32))
     rt.put("slot", np.zeros(B, np.int32))
+    put_greedy_params(rt.put, rt.manifest["buffers"], B)   # the greedy step (spec_sample's columns)
     rt.stream.synchronize()
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from ..compare import nonfinite_where
 from ..errors import UserError
 from ..inputs import put_chunk
-from ..sampling import SamplingParams, pack_params
+from ..sampling import put_greedy_params
 from ..speculative import SpecStats
 
 __all__ = ["Executor", "speculative_run", "tmax_needed"]
@@ -93,12 +93,7 @@ def speculative_run(ex: Executor, manifest: dict, prompts: list[list[int]], step
                         f"{need} cache positions; the max context is {tmax}: pass a larger --ctx")
     padded = [list(p) for p in prompts] + [[0]] * (B - n)   # idle slots run a dummy sequence
     ex.reset()
-    if "samp_fpar" in manifest["buffers"]:
-        # a program that judges sampled slots' drafts (Tuning.spec_sample) reads every slot's
-        # parameters: greedy for all (this run is greedy)
-        fpar, upar, _ = pack_params([SamplingParams()] * B, [0] * B)
-        ex.put("samp_fpar", fpar)
-        ex.put("samp_upar", upar.view(np.int32))
+    put_greedy_params(ex.put, manifest["buffers"], B)   # this run is greedy
     out: list[list[int]] = [[] for _ in range(n)]
     stats = SpecStats([0] * n, [0] * n, [0] * n, [0] * n, [[] for _ in range(n)], [None] * n)
 
