@@ -218,7 +218,11 @@ class Runtime:
             self.upload = up.finish()
 
     def fill(self, g, n: int, dtype: str, seed: int, lo: float = 0.0, hi: float = 1.0):
-        """Fill n elements at device pointer g with seeded uniform values (u32: random bits)."""
+        """Fill n elements at device pointer g with seeded uniform values (u32: random bits). The
+        fill kernels are built on first use where the weights were not device-filled (bench's
+        state over given tensors: tests/gpu/test_trace.py's mtp variant)."""
+        if getattr(self, "_fill", None) is None:
+            self._fill = _fill_module()
         f = self._fill.get_function({"u32": "q38_fill_u32", "bfloat16": "q38_fill_bf16",
                                      "float32": "q38_fill_f32"}[dtype])
         args = [np.uintp(int(g)), np.uint64(n), np.uint64(seed)]
