@@ -94,12 +94,13 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 }  // namespace cv
 
 // K: input width (a multiple of 128); NT, KS, ST, WM: GemvCvLaunch; EPI: EPI_STORE or EPI_ADD;
-// WALK: 0 = contiguous m-tile ranges per block, 1 = grid-stride; XP: 1 = a consumer loads the
-// next group's activations while it multiplies this one's (version 31: with XP = 0 each group
-// waited a full L2 round trip for its x), 0 = each group's x issued just before its stage wait.
+// WALK: 0 = contiguous m-tile ranges per block, 1 = grid-stride; XP: 0 = each group's x issued
+// just before its stage wait, 1 = the next group's x loaded while this one multiplies (a second
+// register set; version 31 on the H100: slower at every shape, 56 -> 78 registers at NT = 1 and
+// 77 -> 128 at NT = 2 cost more residency than the hidden L2 round trip gave; kept as a schedule).
 // NT, ST, WM, WALK, XP and the grid change only the schedule: a row's result is bitwise the same
 // for every choice of them (KS changes the sum order).
-template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 1>
+template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 0>
 __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");

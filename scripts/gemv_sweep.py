@@ -184,7 +184,9 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # weights' cluster pair (1, 2, 0, 0, 2), the lm_head's (2, 3, 0, 1)). gemv_cv's bits are its own
 # (Ŵ = bf16(q · s), one chain per part): its first config is its bitwise reference, and its
 # distance from gemv_q4's reference is printed.
-# A sixth field XP = 0 (version 31) is version 30's consumer, which waited for each group's x.
+# A sixth field XP = 0 (version 31) is version 30's consumer, which waited for each group's x; a
+# config without it runs XP = 1 (the next group's x in flight), measured slower at every shape
+# (bench/2026-12-07-h100-v31-cv-xp-sweep.txt), so the kernel's own default is 0.
 _CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0), ("c", 4, 1, 0, 2),
                ("c", 8, 1, 0, 0), ("c", 8, 1, 0, 2), ("c", 6, 2, 0, 1), ("c", 4, 2, 1, 1)]
 def cvcfg(cfg):
