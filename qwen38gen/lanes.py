@@ -121,6 +121,9 @@ class Lanes:
             if not ok:
                 raise UserError(f"lane {f.name}={v!r} is not supported; "
                                 f"supported {f.name}: {_describe(allowed)}")
+        if self.tuning.verify_btg and not self.mtp:
+            raise UserError(f"tuning verify_btg={self.tuning.verify_btg} is for mtp programs (the "
+                            "verify pass); give --mtp K with it, or leave it out")
         if self.tuning.spec_sample is True and not self.mtp:
             raise UserError("tuning spec_sample=1 is for mtp programs (the verify pass's sampled "
                             "slots); give --mtp K with it, or leave it out")
@@ -144,9 +147,10 @@ class Lanes:
                    pt=pt_from_env() if pt is None else pt, **kw)
 
     def plain(self, **kw) -> "Lanes":
-        """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample back to the
-        table's, off without mtp; ``kw`` replaces other fields, e.g. pt)."""
-        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=None), **kw)
+        """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample and
+        verify_btg back to the table's, off without mtp; ``kw`` replaces other fields, e.g. pt)."""
+        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=None, verify_btg=0),
+                       **kw)
 
     @property
     def spec_sample(self) -> bool:

@@ -759,3 +759,27 @@ def test_chunk_btg_builds_wide_chunks_at_the_wide_lanes_kernels():
     # a lane whose tile is already 64 rows is unchanged
     assert emit_program(cfg, Lanes.make(64, pt=16, tuning=Tuning(chunk_btg=64))).manifest[
         "schedule"] == b64["schedule"]
+
+
+def test_verify_btg_builds_the_verify_pass_at_the_wider_tile():
+    """Tuning.verify_btg at B = 16, mtp 1 (32 verify rows): the verify schedule launches what the
+    B = 32 (or 64) lane's kernels run over those rows; the decode step and the chunks stay as
+    they were; a lane already that wide is unchanged."""
+    from qwen38gen.config import load_config
+
+    cfg = load_config("qwen3.8-27b")
+
+    def man(b, vt=0):
+        return emit_program(cfg, Lanes.make(b, pt=16, mtp=1, tuning=Tuning(verify_btg=vt))).manifest
+    base = man(16)
+    for vt in (32, 64):
+        m = man(16, vt)
+        for ph in m["schedule"]:
+            if ph != "verify":
+                assert m["schedule"][ph] == base["schedule"][ph], ph
+        tiles = {L["btg"] for L in m["schedule"]["verify"] if "weight" in L}
+        fams = {m["kernels"][L["k"]]["family"] for L in m["schedule"]["verify"] if "weight" in L}
+        assert vt in tiles and {"wgmma_q4", "wgmma_sk_q4"} <= fams
+        assert {m["kernels"][L["k"]]["family"] for L in base["schedule"]["verify"]
+                if "weight" in L} == {"gemv_q4"}
+    assert man(64, 32)["schedule"] == man(64)["schedule"]

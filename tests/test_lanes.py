@@ -257,3 +257,17 @@ def test_lanes_command_lists_the_tuning_fields():
     assert rows["ROLE.sk16"] == ["CW:XS:PP, CW 1..4, XS 2..16, PP 0 or 1", "table"]
     assert all(k in rows for k in keys()) and len(keys()) == len(KNOBS)
     assert "ROLE: in, out, gate_up, down, lm_head, fc" in p.stdout
+
+
+def test_verify_btg_needs_an_mtp_program():
+    """verify_btg (the verify pass at a wider tile) only with --mtp; the error names the fix."""
+    from qwen38gen.tuning import Tuning
+
+    t = Tuning.parse(["verify_btg=32"])
+    assert Lanes.make(16, mtp=1, tuning=t).tuning.verify_btg == 32
+    with pytest.raises(UserError, match=r"^tuning verify_btg=32 is for mtp programs .*give --mtp K"):
+        Lanes.make(16, tuning=t)
+    assert Lanes.make(16, mtp=1, tuning=t).plain(pt=1).name == Lanes.make(16, pt=1).name
+    with pytest.raises(UserError, match=r"^tuning verify_btg='16' is not supported; supported "
+                                        r"verify_btg: 0, 32, 64"):
+        Tuning.parse(["verify_btg=16"])

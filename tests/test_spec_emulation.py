@@ -41,8 +41,9 @@ def setup():
     return cfg, t, ref, prompts, ref.generate(prompts, STEPS)
 
 
-def emu_for(cfg, t, k, prompts, B=None, steps=STEPS):
-    man = emit_program(cfg, Lanes.make(B or len(prompts), pt=PT, mtp=k)).manifest
+def emu_for(cfg, t, k, prompts, B=None, steps=STEPS, tuning=None):
+    man = emit_program(cfg, Lanes.make(B or len(prompts), pt=PT, mtp=k,
+                                       **({"tuning": tuning} if tuning else {}))).manifest
     return man, Emu(man, cfg, t, tmax=tmax_needed(prompts, steps, k))
 
 
@@ -107,6 +108,29 @@ def test_spec_half_forced(setup, k):
                                     draft_hook=forced_hook(prompts, want, lambda p: p % 3 != 0))
     assert got == want
     assert any(0 < n for r in stats.runs for n in r) and any(n < k for r in stats.runs for n in r)
+
+
+@pytest.mark.parametrize("vt", [32, 64])
+def test_verify_pass_at_a_wider_tile_gives_the_same_bits(setup, vt):
+    """Tuning.verify_btg: the verify pass and its MTP rows built at the B = 32 or 64 lane's GEMV
+    kernels (wgmma_q4, wgmma_sk_q4, gemm_q4) give the lane-tile program's bits: the same tokens,
+    accepted runs and drafts with half the drafts forced wrong, and the same last logits."""
+    from qwen38gen.tuning import Tuning
+
+    cfg, t, ref, prompts, want = setup
+    hook = forced_hook(prompts, want, lambda p: p % 3 != 0)
+    runs = []
+    for tuning in (None, Tuning(verify_btg=vt)):
+        man, emu = emu_for(cfg, t, 1, prompts, tuning=tuning)
+        got, stats, drafts = speculative_run(emu, man, prompts, STEPS, draft_hook=hook,
+                                             record=True)
+        runs.append((got, stats.runs, drafts, emu.get("logits").copy(), man))
+    (g0, r0, d0, l0, m0), (g1, r1, d1, l1, m1) = runs
+    assert g1 == g0 == want and r1 == r0 and d1 == d0
+    assert (l1.view(np.uint16) == l0.view(np.uint16)).all()
+    fams = {m1["kernels"][L["k"]]["family"] for L in m1["schedule"]["verify"] if "weight" in L}
+    assert {"wgmma_q4", "wgmma_sk_q4"} <= fams
+    assert m1["schedule"]["decode"] == m0["schedule"]["decode"]
 
 
 def test_mtp_row_logits(setup):

@@ -34,9 +34,17 @@ def chunk_tile(lanes: Lanes) -> int:
     return t if lanes.pt > 1 and t > lanes.btg else lanes.btg
 
 
+def verify_tile(lanes: Lanes) -> int:
+    """The batch tile of an mtp program's verify pass: Tuning.verify_btg where it is more than
+    the lane's tile, else the lane's."""
+    t = lanes.tuning.verify_btg
+    return t if lanes.mtp and t > lanes.btg else lanes.btg
+
+
 def plan_buffers(cfg: ModelConfig, lanes: Lanes, n_in: int) -> dict:
     """The program's buffers: name -> {"dtype", "shape"} ("state": kept between steps)."""
-    B, btg, K = lanes.batch, chunk_tile(lanes), lanes.mtp   # btg: the widest tile, for h/o/act
+    # btg: the widest tile any schedule runs, for h/o/act
+    B, btg, K = lanes.batch, max(chunk_tile(lanes), verify_tile(lanes)), lanes.mtp
     KP = K + 1
     H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     C, Cv, hv = cfg.conv_dim, cfg.linear_value_dim, cfg.linear_num_value_heads
@@ -138,6 +146,9 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
     # Tuning.chunk_btg: chunks of at least ct rows at that tile, from a builder of their own
     ct = chunk_tile(lanes)
     wide = Builder(cfg, lanes, plan, btg=ct) if ct > lanes.btg else b
+    # Tuning.verify_btg: the verify pass at that tile (the chunks' builder where it is the same)
+    vt = verify_tile(lanes)
+    vb = b if vt == lanes.btg else wide if vt == ct else Builder(cfg, lanes, plan, btg=vt)
     plan.schedule = {"decode": b.step(1)}
 
     def chunk(pt: int, rows: int | None = None) -> list[dict]:
@@ -157,7 +168,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             plan.schedule["prefill" if r == buckets[-1] else f"prefill_r{r}"] = chunk(
                 lanes.pt, rows=r)
     if K:
-        plan.schedule["verify"] = b.verify()
+        plan.schedule["verify"] = vb.verify()
         plan.schedule["verify_rows"] = K + 1
         if lanes.spec_sample:   # the verify pass samples on the device (spec_sample)
             plan.buffers.update(sample_buffers(lanes.batch))
@@ -165,7 +176,7 @@ def plan_program(cfg: ModelConfig, lanes: Lanes) -> Plan:
             plan.buffers["stok"] = {"dtype": "int32", "shape": [lanes.batch * (K + 1)]}
     # split-K scratch, shared by every launch with ZS > 1 (launches run one at a time): fp32
     # partials, and arrival counters that every launch leaves at zero.
-    scratch = {k: max(b.scratch[k], wide.scratch[k]) for k in b.scratch}
+    scratch = {k: max(x.scratch[k] for x in (b, wide, vb)) for k in b.scratch}
     plan.buffers["gemm_part"] = {"dtype": "float32", "shape": [scratch["part"]]}
     plan.buffers["gemm_arrivals"] = {"dtype": "int32", "shape": [scratch["arrivals"]]}
     tk = plan.entry(topk_entry(cfg.vocab_size))
