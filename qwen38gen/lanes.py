@@ -149,8 +149,8 @@ class Lanes:
     def plain(self, **kw) -> "Lanes":
         """The plain program's lanes beside this one (mtp 0; the mtp-only spec_sample and
         verify_btg back to the table's, off without mtp; ``kw`` replaces other fields, e.g. pt)."""
-        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=None, verify_btg=0),
-                       **kw)
+        return replace(self, mtp=0, tuning=replace(self.tuning, spec_sample=None,
+                                                   verify_btg=None), **kw)
 
     @property
     def spec_sample(self) -> bool:

@@ -764,13 +764,15 @@ def test_chunk_btg_builds_wide_chunks_at_the_wide_lanes_kernels():
 def test_verify_btg_builds_the_verify_pass_at_the_wider_tile():
     """Tuning.verify_btg at B = 16, mtp 1 (32 verify rows): the verify schedule launches what the
     B = 32 (or 64) lane's kernels run over those rows; the decode step and the chunks stay as
-    they were; a lane already that wide is unchanged."""
+    they were; a lane already that wide is unchanged. The table's choice is 32 there, and the
+    lane's tile at B = 1 (2 verify rows) and on sm_90."""
     from qwen38gen.config import load_config
 
     cfg = load_config("qwen3.8-27b")
 
-    def man(b, vt=0):
-        return emit_program(cfg, Lanes.make(b, pt=16, mtp=1, tuning=Tuning(verify_btg=vt))).manifest
+    def man(b, vt=0, **kw):
+        return emit_program(cfg, Lanes.make(b, pt=16, mtp=1, tuning=Tuning(verify_btg=vt),
+                                            **kw)).manifest
     base = man(16)
     for vt in (32, 64):
         m = man(16, vt)
@@ -783,3 +785,8 @@ def test_verify_btg_builds_the_verify_pass_at_the_wider_tile():
         assert {m["kernels"][L["k"]]["family"] for L in base["schedule"]["verify"]
                 if "weight" in L} == {"gemv_q4"}
     assert man(64, 32)["schedule"] == man(64)["schedule"]
+
+    def table(b, **kw):
+        return emit_program(cfg, Lanes.make(b, pt=16, mtp=1, **kw)).manifest["schedule"]
+    assert table(16) == man(16, 32)["schedule"] and table(1) == man(1)["schedule"]
+    assert table(16, arch="sm_90") == man(16, arch="sm_90")["schedule"]

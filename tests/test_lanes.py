@@ -268,6 +268,7 @@ def test_verify_btg_needs_an_mtp_program():
     with pytest.raises(UserError, match=r"^tuning verify_btg=32 is for mtp programs .*give --mtp K"):
         Lanes.make(16, tuning=t)
     assert Lanes.make(16, mtp=1, tuning=t).plain(pt=1).name == Lanes.make(16, pt=1).name
+    assert Lanes.make(16, mtp=1).plain(pt=1).name == Lanes.make(16, pt=1).name
     with pytest.raises(UserError, match=r"^tuning verify_btg='16' is not supported; supported "
-                                        r"verify_btg: 0, 32, 64"):
+                                        r"verify_btg: table, 0, 32, 64"):
         Tuning.parse(["verify_btg=16"])

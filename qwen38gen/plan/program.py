@@ -36,8 +36,13 @@ def chunk_tile(lanes: Lanes) -> int:
 
 def verify_tile(lanes: Lanes) -> int:
     """The batch tile of an mtp program's verify pass: Tuning.verify_btg where it is more than
-    the lane's tile, else the lane's."""
+    the lane's tile, else the lane's. The table's choice is 32 at lanes of 16-row tiles whose
+    verify pass has more than 16 rows, on an arch with wgmma (measured at B = 16, mtp 1: the
+    B = 32 lane's kernels stream the verify pass's weights at about the decode step's rate)."""
     t = lanes.tuning.verify_btg
+    if t is None:
+        wide = lanes.btg == 16 and lanes.batch * (lanes.mtp + 1) > 16
+        t = 32 if wide and arch_facts(lanes.arch).wgmma else 0
     return t if lanes.mtp and t > lanes.btg else lanes.btg
 
 
