@@ -25,7 +25,8 @@
 // j = 1, 3 that of row g + 8 (the two halves of FORMAT.md's scale word for lane t).
 //
 // Block: WM·KS consumer warps, then one loader warp (warp WM·KS). Consumer warp w = m·KS + p owns
-// part p of the block's m-tile slot m. The block walks its m-tiles WM at a time ("rounds"):
+// part p of the block's m-tile slot m (MI > 1: a slot is MI consecutive entries, their chunks of
+// a group in one stage). The block walks its m-tiles WM at a time ("rounds"):
 //   WALK = 0: block b of G = gridDim.x takes the contiguous m-tiles [b·T/G, (b+1)·T/G);
 //   WALK = 1: block b takes m-tiles b, b + G, b + 2G, ...   (T = ceil(N/16) m-tiles)
 // Ring: each consumer warp has ST stages of one chunk, a chunk being one (m-tile, group): 1 KiB
@@ -58,19 +59,21 @@ namespace q38 {
 
 // NT: n-tiles (8 activation rows) per batch tile; KS: parts of K; ST: ring stages per consumer
 // warp; WM: m-tiles a block works on at once (consumer warps = WM·KS).
-template <int NT, int KS, int ST, int WM>
+template <int NT, int KS, int ST, int WM, int MI = 1>
 struct GemvCvLaunch {
   static_assert(NT == 1 || NT == 2, "gemv_cv: NT is 1 or 2 (8- or 16-row batch tiles)");
   static_assert(KS >= 1 && KS <= 8, "gemv_cv: 1 <= KS <= 8");
   static_assert(ST >= 2 && ST <= 16, "gemv_cv: 2 <= ST <= 16 ring stages");
   static_assert(WM >= 1, "gemv_cv: WM >= 1");
+  static_assert(MI >= 1 && MI <= 4, "gemv_cv: 1 <= MI <= 4 m-tiles per consumer warp");
   static constexpr int consumers = WM * KS;            // consumer warps
   static constexpr int threads = 32 * (consumers + 1);  // + the loader warp
   static_assert(threads <= 1024, "gemv_cv: at most 1024 threads (WM·KS <= 31)");
   static constexpr int values = 4 * NT;                // accumulators per consumer lane
   static constexpr int chunk_bytes = 66 * 16;          // codes of one (m-tile, group) + scales
-  static constexpr int ring_bytes = consumers * ST * chunk_bytes;
-  static constexpr int red_bytes = 2 * consumers * values * 32 * 4;  // part sums, two rounds
+  static constexpr int stage_bytes = MI * chunk_bytes;  // a stage: the group of MI m-tiles
+  static constexpr int ring_bytes = consumers * ST * stage_bytes;
+  static constexpr int red_bytes = 2 * consumers * MI * values * 32 * 4;  // part sums, two rounds
   static constexpr int bar_bytes = 2 * consumers * ST * 8;           // full, empty
   static constexpr int dyn_smem_bytes = ring_bytes + red_bytes + bar_bytes;
 };
@@ -99,8 +102,11 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // register set; version 31 on the H100: slower at every shape, 56 -> 78 registers at NT = 1 and
 // 77 -> 128 at NT = 2 cost more residency than the hidden L2 round trip gave; kept as a schedule).
 // NT, ST, WM, WALK, XP and the grid change only the schedule: a row's result is bitwise the same
-// for every choice of them (KS changes the sum order).
-template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 0>
+// for every choice of them (KS changes the sum order). MI: m-tiles per consumer warp (version 31):
+// the warp runs MI independent chains (one per m-tile, each still one chain per part), their
+// MMAs interleaved, and shares each group's x among them; a block covers WM·MI m-tiles a round.
+template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 0,
+          int MI = 1>
 __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
@@ -110,9 +116,9 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
   static_assert(XP == 0 || XP == 1, "gemv_cv: XP is 0 or 1 (x of the next group in flight)");
   static_assert(XP == 0 || NT == 1 || WM * KS <= 8,
                 "gemv_cv: XP = 1 at NT = 2 needs at most 8 consumer warps (plan.gemv.gemv_cv_xp)");
-  using L = GemvCvLaunch<NT, KS, ST, WM>;
+  using L = GemvCvLaunch<NT, KS, ST, WM, MI>;
   constexpr int KT = K / 64, NG = K / 128, C = L::consumers, V = L::values;
-  constexpr int CB = L::chunk_bytes;
+  constexpr int CB = L::chunk_bytes, SB = L::stage_bytes;
   constexpr int PL = (NG + KS - 1) / KS;  // groups of the longest part
   extern __shared__ __align__(16) uint4 cv_smem[];  // [C][ST] chunks, red[2][C][V][32], full, empty
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -132,7 +138,7 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
     count = b < T ? (T - 1 - b) / G + 1 : 0;
     stride = G;
   }
-  const int rounds = (count + WM - 1) / WM;
+  const int rounds = (count + WM * MI - 1) / (WM * MI);
 
   if (tid == 0) {
     for (int i = 0; i < C * ST; ++i) {
@@ -153,22 +159,27 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
       for (int s = 0; s < PL; ++s) {
 #pragma unroll
         for (int m = 0; m < WM; ++m) {
-          const int e = i * WM + m;
-          if (e >= count) break;
-          const int t = first + e * stride;
+          const int e0 = (i * WM + m) * MI;   // the slot's first entry; its MI m-tiles follow
+          if (e0 >= count) break;
 #pragma unroll
           for (int p = 0; p < KS; ++p) {
             const int gb = (p * NG) / KS, len = ((p + 1) * NG) / KS - gb;
             if (s < len) {
               const int w = m * KS + p, k = i * len + s, st = k % ST;
-              const unsigned slot = ring0 + (w * ST + st) * CB, bar = w * ST + st;
+              const unsigned stage = ring0 + (w * ST + st) * SB, bar = w * ST + st;
               if (k >= ST) mbar_wait(empty0 + 8 * bar, ((k / ST) - 1) & 1);
-              const uint4* src = qweight + ((size_t)t * KT + 2 * (gb + s)) * 32 + lane;
-              cp_async16_s(slot + lane * 16, src);
-              cp_async16_s(slot + (32 + lane) * 16, src + 32);
-              if (lane < 2)
-                cp_async16_s(slot + (64 + lane) * 16,
-                             reinterpret_cast<const uint4*>(scales + ((size_t)t * NG + gb + s) * 16) + lane);
+#pragma unroll
+              for (int j = 0; j < MI; ++j) {
+                if (e0 + j >= count) break;
+                const int t = first + (e0 + j) * stride;
+                const unsigned slot = stage + j * CB;
+                const uint4* src = qweight + ((size_t)t * KT + 2 * (gb + s)) * 32 + lane;
+                cp_async16_s(slot + lane * 16, src);
+                cp_async16_s(slot + (32 + lane) * 16, src + 32);
+                if (lane < 2)
+                  cp_async16_s(slot + (64 + lane) * 16,
+                               reinterpret_cast<const uint4*>(scales + ((size_t)t * NG + gb + s) * 16) + lane);
+              }
               mbar_arrive_cp(full0 + 8 * bar);
             }
           }
@@ -207,13 +218,16 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
 
 #pragma unroll 1
   for (int i = 0; i < rounds; ++i) {
-    float* rb = red + (size_t)(i & 1) * C * V * 32;
-    if (i * WM + m < count) {
-      float acc[NT][4];
+    float* rb = red + (size_t)(i & 1) * C * MI * V * 32;
+    if ((i * WM + m) * MI < count) {
+      // acc[u]: m-tile u of the slot (an entry past count computes on a stale stage, unstored)
+      float acc[MI][NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int u = 0; u < MI; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[u][j][e] = 0.f;
       uint4 xv[NT][2][2], xn[NT][2][2];
       if constexpr (XP) load_x(gb, xn);
 #pragma unroll 1
@@ -230,44 +244,57 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
         }
         const int bar = warp * ST + st;
         mbar_wait(full0 + 8 * bar, (k / ST) & 1);
-        const uint4* slot = cv_smem + (size_t)bar * (CB / 16);
-        const uint4 w0 = slot[lane], w1 = slot[32 + lane];
-        const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
-        const uint32_t sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+        uint4 w0[MI], w1[MI];
+        uint32_t s_lo[MI], s_hi[MI];
+#pragma unroll
+        for (int u = 0; u < MI; ++u) {
+          const uint4* slot = cv_smem + ((size_t)bar * SB + u * CB) / 16;
+          w0[u] = slot[lane];
+          w1[u] = slot[32 + lane];
+          const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
+          const uint32_t sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+          // Scale pairs {s_g, s_g} (registers 0, 2) and {s_g+8, s_g+8} (registers 1, 3).
+          s_lo[u] = __byte_perm(sw, 0, 0x1010);
+          s_hi[u] = __byte_perm(sw, 0, 0x3232);
+        }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * bar);  // the stage is in registers: the loader may refill it
-        // Scale pairs {s_g, s_g} (registers 0, 2) and {s_g+8, s_g+8} (registers 1, 3).
-        const uint32_t s_lo = __byte_perm(sw, 0, 0x1010), s_hi = __byte_perm(sw, 0, 0x3232);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {  // k-step kk of k-tile h
-            const uint4& wv = h ? w1 : w0;
-            const uint32_t wi = kk == 0 ? wv.x : kk == 1 ? wv.y : kk == 2 ? wv.z : wv.w;
-            const uint32_t a[4] = {cv_pair(wi, 0, s_lo), cv_pair(wi, 1, s_hi), cv_pair(wi, 2, s_lo),
-                                   cv_pair(wi, 3, s_hi)};
+          for (int kk = 0; kk < 4; ++kk)    // k-step kk of k-tile h, each m-tile's chain in turn
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              const uint4& v = xv[j][h][kk >> 1];
-              mma_bf16_16816(acc[j], a, (kk & 1) ? v.z : v.x, (kk & 1) ? v.w : v.y);
+            for (int u = 0; u < MI; ++u) {
+              const uint4& wv = h ? w1[u] : w0[u];
+              const uint32_t wi = kk == 0 ? wv.x : kk == 1 ? wv.y : kk == 2 ? wv.z : wv.w;
+              const uint32_t a[4] = {cv_pair(wi, 0, s_lo[u]), cv_pair(wi, 1, s_hi[u]),
+                                     cv_pair(wi, 2, s_lo[u]), cv_pair(wi, 3, s_hi[u])};
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                const uint4& v = xv[j][h][kk >> 1];
+                mma_bf16_16816(acc[u][j], a, (kk & 1) ? v.z : v.x, (kk & 1) ? v.w : v.y);
+              }
             }
-          }
       }
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int u = 0; u < MI; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) rb[(warp * V + 4 * j + e) * 32 + lane] = acc[j][e];
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            rb[((warp * MI + u) * V + 4 * j + e) * 32 + lane] = acc[u][j][e];
     }
     cv::consumers_sync<32 * C>();
-    // The round's value slots (m', v), WM·V of them, over the C warps; each lane adds its KS
+    // The round's value slots (m', v), WM·MI·V of them, over the C warps; each lane adds its KS
     // parts in order from 0.f and stores (gemv_store: gemv_q4's epilogue arithmetic).
 #pragma unroll 1
-    for (int idx = warp; idx < WM * V; idx += C) {
-      const int mm = idx / V, v = idx % V, e = i * WM + mm;
+    for (int idx = warp; idx < WM * MI * V; idx += C) {
+      const int mm = idx / V, v = idx % V, e = i * WM * MI + mm;
       if (e >= count) continue;
+      const int ms = mm / MI, u = mm % MI;   // slot ms's m-tile u
       float sum = 0.f;
 #pragma unroll
-      for (int q = 0; q < KS; ++q) sum += rb[((mm * KS + q) * V + v) * 32 + lane];
+      for (int q = 0; q < KS; ++q) sum += rb[(((ms * KS + q) * MI + u) * V + v) * 32 + lane];
       int n, r;
       gemv_out_index(v, NT, lane, first + e * stride, r0, n, r);
       gemv_store<EPI>(y, ldy, n, r, N, R, sum);

@@ -186,13 +186,15 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # distance from gemv_q4's reference is printed.
 # A sixth field XP = 0 (version 31) is version 30's consumer, which waited for each group's x; a
 # config without it runs XP = 1 (the next group's x in flight), measured slower at every shape
-# (bench/2026-12-07-h100-v31-cv-xp-sweep.txt), so the kernel's own default is 0.
-_CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0), ("c", 4, 1, 0, 2),
-               ("c", 8, 1, 0, 0), ("c", 8, 1, 0, 2), ("c", 6, 2, 0, 1), ("c", 4, 2, 1, 1)]
+# (bench/2026-12-07-h100-v31-cv-xp-sweep.txt, which also has WM = 2), so the kernel's own default
+# is 0. A seventh field MI (1 where left out) is m-tiles per consumer warp: MI independent chains
+# interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1).
+_CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0, 0, 2),
+               ("c", 4, 1, 0, 2, 0, 2), ("c", 2, 1, 0, 0, 0, 4), ("c", 2, 1, 0, 2, 0, 4)]
 def cvcfg(cfg):
-    """("c", ST, WM, WALK, GB, XP) of a gemv_cv config; XP (x of the next group in flight,
-    version 31) is 1 where the config leaves it out."""
-    return tuple(cfg) + (1,) * (6 - len(cfg))
+    """("c", ST, WM, WALK, GB, XP, MI) of a gemv_cv config; XP (x of the next group in flight,
+    version 31) and MI (m-tiles per consumer warp) are 1 where the config leaves them out."""
+    return tuple(cfg) + (1,) * (7 - len(cfg))
 
 
 def cv_configs(nt: int, ks: int = 8) -> list:
@@ -200,9 +202,10 @@ def cv_configs(nt: int, ks: int = 8) -> list:
     (plan.gemv.gemv_cv_xp; every shape of the sweep has KS = 8)."""
     out = []
     for c in _CV_CONFIGS:
+        n = len(c)
         c = cvcfg(c)
-        c = c[:5] + (gemv_cv_xp(nt, ks, c[2], c[5]),)
-        out.append(c[:5] if c[5] else c)
+        c = c[:5] + (gemv_cv_xp(nt, ks, c[2], c[5]), c[6])
+        out.append(c[:max(n, 5 if c[5] else 6)])
     return list(dict.fromkeys(out))
 
 
@@ -274,9 +277,9 @@ def bf16_dist(out, ref) -> float:
 def cv_grid(N, cfg) -> int:
     """Blocks per batch tile of a gemv_cv launch: GB per SM, at most one per round of WM
     m-tiles (GB = 0: exactly that)."""
-    wm, gb = cfg[2], cfg[4]
+    wm, gb, mi = cfg[2], cfg[4], cvcfg(cfg)[6]
     tiles = -(-N // 16)
-    rounds = -(-tiles // wm)
+    rounds = -(-tiles // (wm * mi))
     return rounds if gb == 0 else min(rounds, gb * arch_facts("sm_90a").sms)
 
 
@@ -290,8 +293,9 @@ def sk_grid(N, K, cfg):
 
 def name(k, nt, cfg):
     if cfg[0] == "c":   # GB is a launch choice, not the instance's
-        _, st, wm, walk, _, xp = cvcfg(cfg)
-        return f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}" + ("" if xp else "_x0")
+        _, st, wm, walk, _, xp, mi = cvcfg(cfg)
+        return (f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}" + ("" if xp else "_x0")
+                + (f"_m{mi}" if mi > 1 else ""))
     if cfg[0] == "s":
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
@@ -310,7 +314,7 @@ def name(k, nt, cfg):
 def smem_of(k, nt, cfg):
     """Dynamic shared memory: the cp.async ring (GemvLaunch / GemmLaunch::dyn_smem_bytes)."""
     if cfg[0] == "c":
-        return gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2])[1]
+        return gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2], cvcfg(cfg)[6])[1]
     if cfg[0] == "s":
         _, cw, xs, _, _ = scfg(cfg)
         return sk_smem(8 * nt, cw, xs)
@@ -327,7 +331,7 @@ def smem_of(k, nt, cfg):
 def shape_of(N, R, nt, k, cfg):
     """(grid, block, part floats) of one launch."""
     if cfg[0] == "c":
-        threads = gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2])[0]
+        threads = gemv_cv_launch(nt, ks_of(k), cfg[1], cfg[2], cvcfg(cfg)[6])[0]
         return (cv_grid(N, cfg), -(-R // (8 * nt)), 1), (threads, 1, 1), 1
     if cfg[0] == "s":
         g, tb = sk_grid(N, k, cfg)
@@ -366,9 +370,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "c":
-            _, st, wm, walk, _, xp = cvcfg(cfg)
-            threads, mb = gemv_cv_launch(nt, ks, st, wm)[0], 1
-            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}>"
+            _, st, wm, walk, _, xp, mi = cvcfg(cfg)
+            threads, mb = gemv_cv_launch(nt, ks, st, wm, mi)[0], 1
+            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}, {mi}>"
         elif cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1

@@ -79,12 +79,12 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
         assert fams[0] == "q4" and "cv" in fams
     src = gs.source()
     assert '#include "gemv_cv.cuh"' in src
-    line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s6_w2_k0_x0(" in s)
-    assert "__launch_bounds__(544, 1)" in line
-    assert "q38::gemv_cv<17408, 2, 8, 0, 6, 2, 0, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
-    # XP = 1 (the next group's x in flight) by default; 0 where it does not fit (gemv_cv_xp)
-    assert " sw_k5120_cv_n2_s4_w1_k0(" in src and " sw_k5120_cv_n1_s4_w1_k0_x0(" in src
-    assert " sw_k5120_cv_n2_s6_w2_k0(" not in src
+    line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s2_w1_k0_x0_m4(" in s)
+    assert "__launch_bounds__(288, 1)" in line
+    assert "q38::gemv_cv<17408, 2, 8, 0, 2, 1, 0, 0, 4>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    # MI m-tiles per consumer warp: a block's round covers WM·MI m-tiles
+    assert gs.shape_of(34816, 1, 1, 5120, ("c", 2, 1, 0, 0, 0, 4))[0] == (544, 1, 1)
+    assert gs.smem_of(5120, 2, ("c", 2, 1, 0, 0, 0, 4)) <= 227 * 1024
     # gate_up (2176 m-tiles): one block per m-tile, or two per SM; WM = 2: one per SM
     assert gs.shape_of(34816, 1, 1, 5120, ("c", 4, 1, 0, 0))[:2] == ((2176, 1, 1), (288, 1, 1))
     assert gs.shape_of(34816, 16, 2, 5120, ("c", 8, 1, 0, 2))[0] == (264, 1, 1)
@@ -98,5 +98,5 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
 def test_cv_build_is_clean(monkeypatch, tmp_path):
     regs = _built_regs(monkeypatch, tmp_path, "cv")
     cv = [n for n in regs if "_cv_" in n]
-    assert len(cv) == 2 * 5 * 3   # NT 1, 2; five instances (GB is a launch choice); K 5120, 6144, 17408
+    assert len(cv) == 2 * 3 * 3   # NT 1, 2; three instances (GB is a launch choice); K 5120, 6144, 17408
     assert not [n for n in regs if "SPILL" in regs[n] or "SERIALIZED" in regs[n]]

@@ -78,13 +78,14 @@ def gemv_smem(k: int, mt: int, st: int, a: int, zs: int = 1) -> int:
     return a * k_parts(k) // zs * st * mt * 66 * 16
 
 
-def gemv_cv_launch(nt: int, ks: int, st: int, wm: int) -> tuple[int, int]:
+def gemv_cv_launch(nt: int, ks: int, st: int, wm: int, mi: int = 1) -> tuple[int, int]:
     """(threads, dynamic shared memory) of a gemv_cv instance (kernels/gemv_cv.cuh GemvCvLaunch:
     WM·KS consumer warps and a loader warp; ST chunks of 66 · 16 bytes per consumer warp, two
-    rounds of part sums, a full and an empty mbarrier per stage). docs/GEMV_MAINLOOP.md step 1;
-    no program launches it yet."""
+    rounds of part sums, a full and an empty mbarrier per stage; MI m-tiles per consumer warp
+    multiply the stage and the part sums). docs/GEMV_MAINLOOP.md step 1; no program launches it
+    yet."""
     c = wm * ks
-    return 32 * (c + 1), c * st * 66 * 16 + 2 * c * 4 * nt * 32 * 4 + 2 * c * st * 8
+    return 32 * (c + 1), c * st * mi * 66 * 16 + 2 * c * mi * 4 * nt * 32 * 4 + 2 * c * st * 8
 
 
 def gemv_cv_xp(nt: int, ks: int, wm: int, xp: int = 1) -> int:

@@ -27,13 +27,14 @@ from tests.gpu.harness import BF16, poisoned, rel_err, to_gpu
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
           (5120, 17408), (200, 2176)]
 ROWS = [1, 2, 3, 8, 9, 16, 17, 33]
-BASE = (4, 1, 0, 1)   # (ST, WM, WALK, XP) of the plain schedule
+BASE = (4, 1, 0, 1, 1)   # (ST, WM, WALK, XP, MI) of the plain schedule
 # Schedules whose bits must equal BASE's: ring depths 2 to 16 (more stages than a part has
 # groups at K = 512 and 1024), two m-tiles per block, the grid-stride walk, x without the next
-# group in flight (XP = 0, version 30's consumer).
-SCHEDULES = [(2, 1, 1, 1), (8, 1, 0, 1), (3, 2, 1, 1), (5, 2, 0, 1), (16, 1, 1, 1), (4, 1, 0, 0),
-             (3, 2, 1, 0)]
-ADD_SCHEDULES = [BASE, (3, 2, 1, 1)]   # built with EPI_ADD too
+# group in flight (XP = 0, version 30's consumer), 2 to 4 m-tiles per consumer warp (MI, with
+# rounds that end part-way through a warp's m-tiles).
+SCHEDULES = [(2, 1, 1, 1, 1), (8, 1, 0, 1, 1), (3, 2, 1, 1, 1), (5, 2, 0, 1, 1), (16, 1, 1, 1, 1),
+             (4, 1, 0, 0, 1), (3, 2, 1, 0, 1), (4, 1, 0, 0, 2), (2, 1, 1, 0, 4), (3, 1, 0, 0, 3)]
+ADD_SCHEDULES = [BASE, (3, 2, 1, 1, 1), (4, 1, 0, 0, 2)]   # built with EPI_ADD too
 
 # bf16 output: each element is rounded once (relative < 2^-8); the fp32 sums are far below that.
 TOL = 4e-3
@@ -43,12 +44,12 @@ def ks_of(k: int) -> int:
     return min(8, k // 128)
 
 
-def name(k, nt, ks, epi, st, wm, walk, xp) -> str:
-    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}"
+def name(k, nt, ks, epi, st, wm, walk, xp, mi) -> str:
+    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}_{mi}"
 
 
 def instances() -> list[tuple[int, ...]]:
-    """(K, NT, KS, EPI, ST, WM, WALK, XP) of every kernel the tests launch: KS(K) at every schedule
+    """(K, NT, KS, EPI, ST, WM, WALK, XP, MI) of every kernel the tests launch: KS(K) at every schedule
     and both epilogues, KS = 1 (GEMV_MAINLOOP.md §2's one-chain variant) at BASE."""
     out = []
     for k in sorted({k for _, k in SHAPES}):
@@ -63,8 +64,8 @@ def instances() -> list[tuple[int, ...]]:
 
 def fit(nt: int, ks: int, sched: tuple) -> tuple:
     """sched with XP = 0 where the instance cannot hold the next group's x (gemv_cv_xp)."""
-    st, wm, walk, xp = sched
-    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp)
+    st, wm, walk, xp, mi = sched
+    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp), mi
 
 
 def source() -> str:
@@ -72,16 +73,16 @@ def source() -> str:
     plan.gemv.gemv_cv_launch."""
     src = ['#include "gemv_cv.cuh"']
     for inst in instances():
-        k, nt, ks, epi, st, wm, walk, xp = inst
-        threads, smem = gemv_cv_launch(nt, ks, st, wm)
+        k, nt, ks, epi, st, wm, walk, xp, mi = inst
+        threads, smem = gemv_cv_launch(nt, ks, st, wm, mi)
         src.append(f"""
 extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name(*inst)}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y,
               int ldy, int N, int R) {{
-  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}, {mi}>(q, s, x, ldx, y, ldy, N, R);
 }}
-static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::threads == {threads} &&
-              q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::dyn_smem_bytes == {smem},
+static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::threads == {threads} &&
+              q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::dyn_smem_bytes == {smem},
               "plan.gemv.gemv_cv_launch");""")
     return "\n".join(src) + "\n"
 
@@ -89,7 +90,7 @@ static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}>::threads == {threads} &&
 _MOD: dict = {}
 
 
-def _kernel(k, nt, ks, epi, st, wm, walk, xp):
+def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi):
     """(function, threads, dynamic smem) of one instance, from the gate's cubin of source()."""
     if "mod" not in _MOD:
         import pycuda.driver as drv
@@ -99,21 +100,22 @@ def _kernel(k, nt, ks, epi, st, wm, walk, xp):
         _MOD["mod"] = drv.module_from_file(compile_kernels(source(), "gemv_cv_test.cu",
                                                            arch="sm_90a").cubin)
         _MOD["fns"] = {}
-    key = (k, nt, ks, epi, st, wm, walk, xp)
+    key = (k, nt, ks, epi, st, wm, walk, xp, mi)
     if key not in _MOD["fns"]:
         from qwen38gen.runtime import allow_dynamic_smem
 
         fn = _MOD["mod"].get_function(name(*key))
-        threads, smem = gemv_cv_launch(nt, ks, st, wm)
+        threads, smem = gemv_cv_launch(nt, ks, st, wm, mi)
         allow_dynamic_smem(fn, smem)
         _MOD["fns"][key] = (fn, threads, smem)
     return _MOD["fns"][key]
 
 
-def _grids(tiles: int, wm: int) -> list[int]:
-    """Grids to walk: one round per block, a single block, 7 and 132 blocks (rounds over several
-    m-tiles, ranges that differ by one), more blocks than m-tiles (idle blocks)."""
-    return sorted({-(-tiles // wm), 1, 7, 132, tiles + 5})
+def _grids(tiles: int, per: int) -> list[int]:
+    """Grids to walk (per: m-tiles a block covers a round, WM·MI): one round per block, a single
+    block, 7 and 132 blocks (rounds over several m-tiles, ranges that differ by one), more blocks
+    than m-tiles (idle blocks)."""
+    return sorted({-(-tiles // per), 1, 7, 132, tiles + 5})
 
 
 class Case:
@@ -137,13 +139,13 @@ class Case:
         R = xh.shape[0]
         N, K = self.N, self.K
         ks = ks or ks_of(K)
-        st, wm, walk, xp = fit(nt, ks, sched)
-        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp)
+        st, wm, walk, xp, mi = fit(nt, ks, sched)
+        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp, mi)
         host = np.full((R + 3, N + 8), np.nan, np.float32).astype(BF16)
         if epi:
             host[:R, :N] = res
         y = to_gpu(host)
-        G = G or -(-self.tiles // wm)
+        G = G or -(-self.tiles // (wm * mi))
         fn(self.qw_d.gpudata, self.sc_d.gpudata, to_gpu(xh).gpudata, np.int32(xh.shape[1]),
            y.gpudata, np.int32(N + 8), np.int32(N), np.int32(R),
            block=(threads, 1, 1), grid=(G, -(-R // (8 * nt))), shared=smem)
@@ -205,7 +207,7 @@ def test_gemv_cv_schedules_bitwise(cuda_ctx, N, K):
         want_add = _add(res, want)
         for nt in (1, 2):
             for sched in [BASE] + SCHEDULES:
-                for G in _grids(case.tiles, sched[1]):
+                for G in _grids(case.tiles, sched[1] * sched[4]):
                     got = case.run(x, nt, sched=sched, G=G)
                     assert np.array_equal(_bits(got), _bits(want)), \
                         f"N={N} K={K} R={R} NT={nt} {sched} G={G}: bits differ from BASE"
