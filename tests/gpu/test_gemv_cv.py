@@ -20,7 +20,7 @@ import pytest
 
 from qwen38gen import weights as wq
 from qwen38gen.plan.gemv import gemv_cv_launch, gemv_cv_xp
-from tests.gpu.harness import BF16, poisoned, rel_err, to_gpu
+from tests.gpu.harness import BF16, rel_err, to_gpu
 
 # (N, K): the tiny geometry's fused shapes, 27B-like K (5120, 17408), N not a multiple of 16
 # (40, 200), and K = 2176 (17 groups: parts of 2 and one of 3, an uneven split).
