@@ -286,9 +286,10 @@ def dequantize(qweight: np.ndarray, scales_tiled: np.ndarray,
     return out
 
 
-def gemv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[int, int],
-                   x: np.ndarray) -> np.ndarray:
-    """``x @ W~.T`` in float64: ``x [..., K]`` -> ``[..., N]`` (the kernel's target)."""
+def _gemv_by_row_blocks(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[int, int],
+                        x: np.ndarray, block) -> np.ndarray:
+    """The frame the GEMV twins share: ``x [..., K]`` checked, then per block of rows
+    ``out[..., rows] = block(x, d)`` with ``d`` the rows' ``W~`` in float64 ``[rows, K]``."""
     n, k, nt = check_packed(qweight, scales_tiled, shape)
     x = np.asarray(x, dtype=np.float64)
     if x.shape[-1] != k:
@@ -299,8 +300,14 @@ def gemv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[i
         d = _dequant_tiles(qweight[t0:t0 + bt], scales_tiled[t0:t0 + bt], np.float64)
         r0 = t0 * TILE_N
         d = d[:n - r0]
-        out[..., r0:r0 + len(d)] = x @ d.T
+        out[..., r0:r0 + len(d)] = block(x, d)
     return out
+
+
+def gemv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tuple[int, int],
+                   x: np.ndarray) -> np.ndarray:
+    """``x @ W~.T`` in float64: ``x [..., K]`` -> ``[..., N]`` (the kernel's target)."""
+    return _gemv_by_row_blocks(qweight, scales_tiled, shape, x, lambda x, d: x @ d.T)
 
 
 def dequantize_bf16(qweight: np.ndarray, scales_tiled: np.ndarray,
@@ -321,23 +328,17 @@ def gemv_cv_reference(qweight: np.ndarray, scales_tiled: np.ndarray, shape: tupl
     kernel cuts them); per part the fp64 sum of ``Ŵ · x`` over its columns (``dequantize_bf16``),
     the parts added in order from 0. The kernel's chains are fp32 on the tensor core, which numpy
     does not reproduce bit for bit: a tolerance reference."""
-    n, k, nt = check_packed(qweight, scales_tiled, shape)
+    _, k, _ = check_packed(qweight, scales_tiled, shape)
     ng = k // GROUP
     if not 1 <= ks <= ng:
         raise UserError(f"ks = {ks}: the parts of K = {k} number 1 to {ng} (one group of "
                         f"{GROUP} at least each)")
-    x = np.asarray(x, dtype=np.float64)
-    if x.shape[-1] != k:
-        raise UserError(f"x has last dim {x.shape[-1]}, expected K = {k}")
     cols = [p * ng // ks * GROUP for p in range(ks + 1)]
-    out = np.empty(x.shape[:-1] + (n,), np.float64)
-    bt = _ROW_BLOCK // TILE_N
-    for t0 in range(0, nt, bt):
-        d = _dequant_tiles(qweight[t0:t0 + bt], scales_tiled[t0:t0 + bt]).astype(BF16)
-        r0 = t0 * TILE_N
-        d = d[:n - r0].astype(np.float64)
+
+    def parts(x, d):
+        d = d.astype(BF16).astype(np.float64)   # Ŵ: q·s is exact in float64, rounded once
         acc = np.zeros(x.shape[:-1] + (len(d),), np.float64)
         for a, b in zip(cols[:-1], cols[1:]):
             acc = acc + x[..., a:b] @ d[:, a:b].T
-        out[..., r0:r0 + len(d)] = acc
-    return out
+        return acc
+    return _gemv_by_row_blocks(qweight, scales_tiled, shape, x, parts)
