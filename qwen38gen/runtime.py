@@ -180,8 +180,8 @@ class Runtime:
                     allow_dynamic_smem(fn, k["smem"])
                     self.fns[name] = fn
             self.upload = None    # the staged upload's stats (upload.py), where weights went up
+            self._fill = None     # the fill kernels, built on first use (fill)
             if isinstance(tensors, DeviceFill):
-                self._fill = _fill_module()
                 self._alloc_filled(tensors.seed)
             else:
                 self._alloc(pack_weights(cfg, tensors, mtp=self.mtp))
@@ -219,9 +219,9 @@ class Runtime:
 
     def fill(self, g, n: int, dtype: str, seed: int, lo: float = 0.0, hi: float = 1.0):
         """Fill n elements at device pointer g with seeded uniform values (u32: random bits). The
-        fill kernels are built on first use where the weights were not device-filled (bench's
-        state over given tensors: tests/gpu/test_trace.py's mtp variant)."""
-        if getattr(self, "_fill", None) is None:
+        fill kernels are built on first use: device-filled weights, or bench's state over given
+        tensors (tests/gpu/test_trace.py's mtp variant)."""
+        if self._fill is None:
             self._fill = _fill_module()
         f = self._fill.get_function({"u32": "q38_fill_u32", "bfloat16": "q38_fill_bf16",
                                      "float32": "q38_fill_f32"}[dtype])

@@ -186,11 +186,13 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # distance from gemv_q4's reference is printed.
 # A sixth field XP = 0 (version 31) is version 30's consumer, which waited for each group's x; a
 # config without it runs XP = 1 (the next group's x in flight), measured slower at every shape
-# (bench/2026-12-07-h100-v31-cv-xp-sweep.txt, which also has WM = 2), so the kernel's own default
-# is 0. A seventh field MI (1 where left out) is m-tiles per consumer warp: MI independent chains
-# interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1).
+# (bench/2026-12-07-h100-v31-cv-xp-sweep.txt in 5f7c3ac, which also has WM = 2), so the kernel's
+# own default is 0. A seventh field MI (1 where left out) is m-tiles per consumer warp: MI
+# independent chains interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1).
 _CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0, 0, 2),
                ("c", 4, 1, 0, 2, 0, 2), ("c", 2, 1, 0, 0, 0, 4), ("c", 2, 1, 0, 2, 0, 4)]
+
+
 def cvcfg(cfg):
     """("c", ST, WM, WALK, GB, XP, MI) of a gemv_cv config; XP (x of the next group in flight,
     version 31) and MI (m-tiles per consumer warp) are 1 where the config leaves them out."""
