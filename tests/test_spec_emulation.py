@@ -127,6 +127,7 @@ def test_verify_pass_at_a_wider_tile_gives_the_same_bits(setup, vt):
         runs.append((got, stats.runs, drafts, emu.get("logits").copy(), man))
     (g0, r0, d0, l0, m0), (g1, r1, d1, l1, m1) = runs
     assert g1 == g0 == want and r1 == r0 and d1 == d0
+    assert np.isfinite(np.asarray(l0, np.float32)).all()   # equal NaN bits would compare equal
     assert (l1.view(np.uint16) == l0.view(np.uint16)).all()
     fams = {m1["kernels"][L["k"]]["family"] for L in m1["schedule"]["verify"] if "weight" in L}
     assert {"wgmma_q4", "wgmma_sk_q4"} <= fams
