@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Version 32's device runs (docs/PERFORMANCE.md, "Prepared for the next device session" of
+# version 31), on whichever card comes. CPU machine first (clean tree):
+#   make device-prep
+#   QWEN38_CACHE=.cache/q38 python scripts/precompile.py qwen3.8-27b:1:1:pt2 qwen3.8-27b:16:1:pt2 \
+#     qwen3.8-27b:1:pt1 qwen3.8-27b:16:pt1 qwen3.8-27b:12:1:pt2 qwen3.8-27b:12:1:pt2:verify_btg=0 \
+#     qwen3.8-27b:12:pt1 qwen3.8-27b:16:2:pt3 qwen3.8-27b:16:2:pt3:verify_btg=0
+#   python scripts/stream_bench.py build .cache/stream.cubin
+# then on the device, carry [".gpu", ".cache"]:
+#   PARTS="table mtp stream" bash bench/ab/v32-device.sh   (~520 s)
+#     table:  bench --batch 1,16,64 --peers (the issue's table: json, png, text)
+#     mtp:    bench --mtp 1 --batch 1,16 (the speculative step at the defaults)
+#     stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0)
+#   PART=vbtg (~200 s): verify_btg beyond B = 16 mtp 1: bench --mtp 1 --batch 12 and
+#     --mtp 2 --batch 16, each at the defaults and with --tune verify_btg=0
+# $OUT gets at most 8 files back: each part writes one log (v32-PART.log) and table its json,
+# png and text.
+set -uo pipefail
+OUT=${OUT:-/tmp/v32}; mkdir -p "$OUT"
+if [ -n "${PARTS:-}" ]; then
+  for p in $PARTS; do PART=$p PARTS= bash "$0"; done
+  exit 0
+fi
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl 2>/dev/null || exit 3
+if ls .gpu/peers/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site-peers .gpu/peers/*.whl 2>/dev/null \
+    || echo "note: the peer wheels did not install"
+fi
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 COLUMNS=200
+export PYTHONPATH=/tmp/site:$PWD:/tmp/site-peers QWEN38_CACHE=$PWD/.cache/q38
+Q="python3 -m cli"
+PART=${PART:-table}
+{
+  echo "commit $(cat .gpu/COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if [ "$PART" = table ]; then
+    echo "==== bench --batch 1,16,64 --peers (T = 1024)"
+    timeout 280 $Q bench --model qwen3.8-27b --batch 1,16,64 --ctx 1024 --peers \
+      --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | grep -v '^\s*$' | tee "$OUT/bench.txt"
+  elif [ "$PART" = mtp ]; then
+    echo "==== bench --mtp 1 --batch 1,16"
+    timeout 150 $Q bench --model qwen3.8-27b --mtp 1 --batch 1,16 --json "$OUT/mtp1.json" 2>&1 \
+      | grep -v '^\s*$' | tail -30
+  elif [ "$PART" = stream ]; then
+    echo "==== stream_bench (the persistent design's step 0: wsp r24 is one block per SM)"
+    timeout 100 python3 scripts/stream_bench.py run .cache/stream.cubin 2>&1 | tail -30
+  elif [ "$PART" = vbtg ]; then
+    for a in "1 12" "2 16"; do
+      set -- $a
+      for t in "" "--tune verify_btg=0"; do
+        echo "==== bench --mtp $1 --batch $2 ${t:-(the table: verify at the 32-row tile)}"
+        timeout 90 $Q bench --model qwen3.8-27b --mtp "$1" --batch "$2" $t 2>&1 | grep -v '^\s*$' | tail -14
+      done
+    done
+  fi
+} 2>&1 | tee "$OUT/v32-$PART.log"
