@@ -105,8 +105,13 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // for every choice of them (KS changes the sum order). MI: m-tiles per consumer warp (version 31):
 // the warp runs MI independent chains (one per m-tile, each still one chain per part), their
 // MMAs interleaved, and shares each group's x among them; a block covers WM·MI m-tiles a round.
+// LB: 0 = the loader's 32 lanes copy a chunk by cp.async, 16 B each (3 instructions and their
+// addresses per lane and chunk, then one arrival each on `full`); 1 = lane 0 alone, by the
+// bulk-copy engine: a chunk's 1 KiB of codes and 32 B of scales are contiguous in global memory
+// (FORMAT.md), so it is two cp.async.bulk counted on `full` as transaction bytes (version 32).
+// Schedule only, like the others.
 template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 0,
-          int MI = 1>
+          int MI = 1, int LB = 0>
 __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
@@ -114,6 +119,7 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
   static_assert(EPI == EPI_STORE || EPI == EPI_ADD, "gemv_cv: store or residual-add epilogue");
   static_assert(WALK == 0 || WALK == 1, "gemv_cv: WALK is 0 (ranges) or 1 (grid-stride)");
   static_assert(XP == 0 || XP == 1, "gemv_cv: XP is 0 or 1 (x of the next group in flight)");
+  static_assert(LB == 0 || LB == 1, "gemv_cv: LB is 0 (cp.async by 32 lanes) or 1 (bulk copies)");
   static_assert(XP == 0 || NT == 1 || WM * KS <= 8,
                 "gemv_cv: XP = 1 at NT = 2 needs at most 8 consumer warps (plan.gemv.gemv_cv_xp)");
   using L = GemvCvLaunch<NT, KS, ST, WM, MI>;
@@ -142,7 +148,9 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
 
   if (tid == 0) {
     for (int i = 0; i < C * ST; ++i) {
-      mbar_init(full0 + 8 * i, 32);  // the loader's 32 lanes, each when its copies have landed
+      // LB = 0: the loader's 32 lanes, each when its copies have landed; LB = 1: lane 0's
+      // expect_tx (the bytes complete the phase)
+      mbar_init(full0 + 8 * i, LB ? 1 : 32);
       mbar_init(empty0 + 8 * i, 1);  // lane 0 of the stage's consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -153,6 +161,7 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
   if (warp == C) {
     // ---- the loader: chunk k of consumer warp w (k counted per warp) goes to stage k % ST,
     // phase k / ST. Weights and scales only, constant: no pdl_wait.
+    if (LB && lane != 0) return;
 #pragma unroll 1
     for (int i = 0; i < rounds; ++i) {
 #pragma unroll 1
@@ -168,6 +177,19 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
               const int w = m * KS + p, k = i * len + s, st = k % ST;
               const unsigned stage = ring0 + (w * ST + st) * SB, bar = w * ST + st;
               if (k >= ST) mbar_wait(empty0 + 8 * bar, ((k / ST) - 1) & 1);
+              if constexpr (LB) {
+                const int nm = count - e0 < MI ? count - e0 : MI;   // the slot's m-tiles
+                mbar_arrive_tx(full0 + 8 * bar, nm * (1024 + 32));
+#pragma unroll
+                for (int j = 0; j < MI; ++j) {
+                  if (j >= nm) break;
+                  const int t = first + (e0 + j) * stride;
+                  const unsigned slot = stage + j * CB;
+                  bulk_copy_g2s(slot, qweight + ((size_t)t * KT + 2 * (gb + s)) * 32, 1024, full0 + 8 * bar);
+                  bulk_copy_g2s(slot + 64 * 16, scales + ((size_t)t * NG + gb + s) * 16, 32, full0 + 8 * bar);
+                }
+                continue;
+              }
 #pragma unroll
               for (int j = 0; j < MI; ++j) {
                 if (e0 + j >= count) break;
@@ -186,7 +208,8 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
         }
       }
     }
-    cv::cp_async_wait_all();  // no copy outlives its thread
+    // no copy outlives its thread (LB = 1: the consumers wait for every byte on `full`)
+    if constexpr (!LB) cv::cp_async_wait_all();
     return;
   }
 

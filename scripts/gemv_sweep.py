@@ -188,15 +188,20 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # config without it runs XP = 1 (the next group's x in flight), measured slower at every shape
 # (bench/2026-12-07-h100-v31-cv-xp-sweep.txt in 5f7c3ac, which also has WM = 2), so the kernel's
 # own default is 0. A seventh field MI (1 where left out) is m-tiles per consumer warp: MI
-# independent chains interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1).
+# independent chains interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1). An
+# eighth field LB (0 where left out) is the loader: 1 = two bulk copies a chunk from one lane
+# (version 32) instead of 32 lanes' cp.async.
 _CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0, 0, 2),
-               ("c", 4, 1, 0, 2, 0, 2), ("c", 2, 1, 0, 0, 0, 4), ("c", 2, 1, 0, 2, 0, 4)]
+               ("c", 4, 1, 0, 2, 0, 2), ("c", 2, 1, 0, 0, 0, 4), ("c", 2, 1, 0, 2, 0, 4),
+               ("c", 4, 1, 0, 0, 0, 1, 1), ("c", 4, 1, 0, 2, 0, 1, 1), ("c", 8, 1, 0, 2, 0, 1, 1),
+               ("c", 4, 1, 0, 2, 0, 2, 1)]
 
 
 def cvcfg(cfg):
-    """("c", ST, WM, WALK, GB, XP, MI) of a gemv_cv config; XP (x of the next group in flight,
-    version 31) and MI (m-tiles per consumer warp) are 1 where the config leaves them out."""
-    return tuple(cfg) + (1,) * (7 - len(cfg))
+    """("c", ST, WM, WALK, GB, XP, MI, LB) of a gemv_cv config; XP (x of the next group in
+    flight, version 31) and MI (m-tiles per consumer warp) are 1 where the config leaves them
+    out, LB (the bulk-copy loader, version 32) 0."""
+    return tuple(cfg) + (1, 1, 0)[len(cfg) - 5:]
 
 
 def cv_configs(nt: int, ks: int = 8) -> list:
@@ -206,7 +211,7 @@ def cv_configs(nt: int, ks: int = 8) -> list:
     for c in _CV_CONFIGS:
         n = len(c)
         c = cvcfg(c)
-        c = c[:5] + (gemv_cv_xp(nt, ks, c[2], c[5]), c[6])
+        c = c[:5] + (gemv_cv_xp(nt, ks, c[2], c[5]),) + c[6:]
         out.append(c[:max(n, 5 if c[5] else 6)])
     return list(dict.fromkeys(out))
 
@@ -295,9 +300,9 @@ def sk_grid(N, K, cfg):
 
 def name(k, nt, cfg):
     if cfg[0] == "c":   # GB is a launch choice, not the instance's
-        _, st, wm, walk, _, xp, mi = cvcfg(cfg)
+        _, st, wm, walk, _, xp, mi, lb = cvcfg(cfg)
         return (f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}" + ("" if xp else "_x0")
-                + (f"_m{mi}" if mi > 1 else ""))
+                + (f"_m{mi}" if mi > 1 else "") + ("_lb" if lb else ""))
     if cfg[0] == "s":
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
@@ -372,9 +377,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "c":
-            _, st, wm, walk, _, xp, mi = cvcfg(cfg)
+            _, st, wm, walk, _, xp, mi, lb = cvcfg(cfg)
             threads, mb = gemv_cv_launch(nt, ks, st, wm, mi)[0], 1
-            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}, {mi}>"
+            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}>"
         elif cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1

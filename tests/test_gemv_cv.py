@@ -127,7 +127,7 @@ def test_gpu_test_kernels_compile_clean():
     assert {k.name for k in res.kernels} == {g.name(*i) for i in g.instances()}
     threads = {}
     for i in g.instances():
-        _, nt, ks, _, st, wm, _, _, mi = i
+        _, nt, ks, _, st, wm, _, _, mi, _ = i
         threads[g.name(*i)] = g.gemv_cv_launch(nt, ks, st, wm, mi)[0]
     for k in res.kernels:
         assert not (k.spill_stores or k.spill_loads or k.stack), (k.name, k)

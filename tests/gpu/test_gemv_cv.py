@@ -4,7 +4,7 @@
 Fresh random weights and activations per case, NaN-poisoned outputs in buffers wider and longer
 than the result (nothing outside it may be written), an activation stride wider than K; batch
 sizes 1 ... 33 at both batch tiles (NT = 1, 2); every schedule (ring depth ST, m-tiles per block
-WM, walk, grid) bitwise equal to the plain one and every R and NT bitwise equal to R = 33; the
+WM, walk, grid, the next x in flight XP, m-tiles per warp MI, the bulk-copy loader LB) bitwise equal to the plain one and every R and NT bitwise equal to R = 33; the
 residual-add epilogue bitwise equal to its formula over the store's bits; and activations of ±1
 on scales of one binade, where every fp32 sum is exact whatever its order, so the kernel's bits
 must be numpy's bf16 of the exact Ŵ sum (which tells Ŵ from today's W~ = q · s).
@@ -27,14 +27,17 @@ from tests.gpu.harness import BF16, rel_err, to_gpu
 SHAPES = [(3072 + 512 + 512, 512), (512, 1024), (1280 + 768 + 32, 512), (96, 5120), (40, 1024),
           (5120, 17408), (200, 2176)]
 ROWS = [1, 2, 3, 8, 9, 16, 17, 33]
-BASE = (4, 1, 0, 1, 1)   # (ST, WM, WALK, XP, MI) of the plain schedule
+BASE = (4, 1, 0, 1, 1, 0)   # (ST, WM, WALK, XP, MI, LB) of the plain schedule
 # Schedules whose bits must equal BASE's: ring depths 2 to 16 (more stages than a part has
 # groups at K = 512 and 1024), two m-tiles per block, the grid-stride walk, x without the next
 # group in flight (XP = 0, version 30's consumer), 2 to 4 m-tiles per consumer warp (MI, with
-# rounds that end part-way through a warp's m-tiles).
-SCHEDULES = [(2, 1, 1, 1, 1), (8, 1, 0, 1, 1), (3, 2, 1, 1, 1), (5, 2, 0, 1, 1), (16, 1, 1, 1, 1),
-             (4, 1, 0, 0, 1), (3, 2, 1, 0, 1), (4, 1, 0, 0, 2), (2, 1, 1, 0, 4), (3, 1, 0, 0, 3)]
-ADD_SCHEDULES = [BASE, (3, 2, 1, 1, 1), (4, 1, 0, 0, 2)]   # built with EPI_ADD too
+# rounds that end part-way through a warp's m-tiles), the bulk-copy loader (LB = 1, version 32;
+# with MI, its slots of fewer than MI m-tiles copy only theirs).
+SCHEDULES = [(2, 1, 1, 1, 1, 0), (8, 1, 0, 1, 1, 0), (3, 2, 1, 1, 1, 0), (5, 2, 0, 1, 1, 0),
+             (16, 1, 1, 1, 1, 0), (4, 1, 0, 0, 1, 0), (3, 2, 1, 0, 1, 0), (4, 1, 0, 0, 2, 0),
+             (2, 1, 1, 0, 4, 0), (3, 1, 0, 0, 3, 0),
+             (4, 1, 0, 0, 1, 1), (8, 1, 0, 0, 1, 1), (3, 2, 1, 0, 1, 1), (2, 1, 1, 0, 3, 1)]
+ADD_SCHEDULES = [BASE, (3, 2, 1, 1, 1, 0), (4, 1, 0, 0, 2, 0), (4, 1, 0, 0, 1, 1)]   # EPI_ADD too
 
 # bf16 output: each element is rounded once (relative < 2^-8); the fp32 sums are far below that.
 TOL = 4e-3
@@ -44,12 +47,12 @@ def ks_of(k: int) -> int:
     return min(8, k // 128)
 
 
-def name(k, nt, ks, epi, st, wm, walk, xp, mi) -> str:
-    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}_{mi}"
+def name(k, nt, ks, epi, st, wm, walk, xp, mi, lb) -> str:
+    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}_{mi}_{lb}"
 
 
 def instances() -> list[tuple[int, ...]]:
-    """(K, NT, KS, EPI, ST, WM, WALK, XP, MI) of every kernel the tests launch: KS(K) at every schedule
+    """(K, NT, KS, EPI, ST, WM, WALK, XP, MI, LB) of every kernel the tests launch: KS(K) at every schedule
     and both epilogues, KS = 1 (GEMV_MAINLOOP.md §2's one-chain variant) at BASE."""
     out = []
     for k in sorted({k for _, k in SHAPES}):
@@ -64,8 +67,8 @@ def instances() -> list[tuple[int, ...]]:
 
 def fit(nt: int, ks: int, sched: tuple) -> tuple:
     """sched with XP = 0 where the instance cannot hold the next group's x (gemv_cv_xp)."""
-    st, wm, walk, xp, mi = sched
-    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp), mi
+    st, wm, walk, xp, mi, lb = sched
+    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp), mi, lb
 
 
 def source() -> str:
@@ -73,13 +76,13 @@ def source() -> str:
     plan.gemv.gemv_cv_launch."""
     src = ['#include "gemv_cv.cuh"']
     for inst in instances():
-        k, nt, ks, epi, st, wm, walk, xp, mi = inst
+        k, nt, ks, epi, st, wm, walk, xp, mi, lb = inst
         threads, smem = gemv_cv_launch(nt, ks, st, wm, mi)
         src.append(f"""
 extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name(*inst)}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y,
               int ldy, int N, int R) {{
-  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}, {mi}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}>(q, s, x, ldx, y, ldy, N, R);
 }}
 static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::threads == {threads} &&
               q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::dyn_smem_bytes == {smem},
@@ -90,7 +93,7 @@ static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::threads == {threa
 _MOD: dict = {}
 
 
-def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi):
+def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi, lb):
     """(function, threads, dynamic smem) of one instance, from the gate's cubin of source()."""
     if "mod" not in _MOD:
         import pycuda.driver as drv
@@ -100,7 +103,7 @@ def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi):
         _MOD["mod"] = drv.module_from_file(compile_kernels(source(), "gemv_cv_test.cu",
                                                            arch="sm_90a").cubin)
         _MOD["fns"] = {}
-    key = (k, nt, ks, epi, st, wm, walk, xp, mi)
+    key = (k, nt, ks, epi, st, wm, walk, xp, mi, lb)
     if key not in _MOD["fns"]:
         from qwen38gen.runtime import allow_dynamic_smem
 
@@ -139,8 +142,8 @@ class Case:
         R = xh.shape[0]
         N, K = self.N, self.K
         ks = ks or ks_of(K)
-        st, wm, walk, xp, mi = fit(nt, ks, sched)
-        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp, mi)
+        st, wm, walk, xp, mi, lb = fit(nt, ks, sched)
+        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp, mi, lb)
         host = np.full((R + 3, N + 8), np.nan, np.float32).astype(BF16)
         if epi:
             host[:R, :N] = res
@@ -195,8 +198,8 @@ def test_gemv_cv_twin_and_every_R(cuda_ctx, N, K):
 
 @pytest.mark.parametrize("N,K", SHAPES)
 def test_gemv_cv_schedules_bitwise(cuda_ctx, N, K):
-    """ST, WM, the walk and the grid only reschedule the same arithmetic: every schedule gives
-    BASE's bits; EPI_ADD gives bitwise bf16(res + y_store)."""
+    """ST, WM, the walk, XP, MI, the loader (LB) and the grid only reschedule the same
+    arithmetic: every schedule gives BASE's bits; EPI_ADD gives bitwise bf16(res + y_store)."""
     rng = np.random.default_rng([N, K, 22])
     case = Case.random(rng, N, K)
     tried = 0
