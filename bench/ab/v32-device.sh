@@ -13,6 +13,12 @@
 #     stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0)
 #   PART=vbtg (~200 s): verify_btg beyond B = 16 mtp 1: bench --mtp 1 --batch 12 and
 #     --mtp 2 --batch 16, each at the defaults and with --tune verify_btg=0
+#   PART=cv (~300 s): gemv_cv's GPU test (the LB loader's schedules with it), the cv sweep twice
+#     (one config's spread between runs is ~7 %) and ncu of gemv_cv beside gemv_q4 at 1 row.
+#     CPU machine first: GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin, and the
+#     GPU test's unit into .cache/q38 (QWEN38_CACHE=.cache/q38 python -c "from
+#     tests.gpu.test_gemv_cv import source; from qwen38gen.gate import compile_kernels;
+#     compile_kernels(source(), 'gemv_cv_test.cu', arch='sm_90a')")
 # $OUT gets at most 8 files back: each part writes one log (v32-PART.log) and table its json,
 # png and text.
 set -uo pipefail
@@ -51,5 +57,17 @@ PART=${PART:-table}
         timeout 90 $Q bench --model qwen3.8-27b --mtp "$1" --batch "$2" $t 2>&1 | grep -v '^\s*$' | tail -14
       done
     done
+  elif [ "$PART" = cv ]; then
+    echo "==== pytest tests/gpu/test_gemv_cv.py"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_cv.py 2>&1 | tail -6
+    for i in 1 2; do
+      echo "==== GEMV_SWEEP=cv run $i"
+      GEMV_SWEEP=cv timeout 100 python3 scripts/gemv_sweep.py run .cache/cv.cubin /tmp/cv-$i.json 2>&1 | tail -80
+    done
+    echo "==== ncu: gemv_cv (MI 1, MI 2, LB) beside gemv_q4 at 1 row, lm_head and gate_up"
+    GEMV_SWEEP=cv GEMV_PROFILE="lm_head:1:c,4,1,0,0,0;lm_head:1:c,4,1,0,0,0,1,1;lm_head:1:b,1,2,0,0;gate_up:1:c,4,1,0,2,0,2;gate_up:1:c,4,1,0,2,0,1,1;gate_up:1:b,1,2,0,0" \
+      timeout 150 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis python3 scripts/gemv_sweep.py profile .cache/cv.cubin > /tmp/ncu.txt 2>&1
+    grep -E "sw_k|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Stall|Registers|Block Limit|Warp Cycles Per Issued|One or More Eligible" /tmp/ncu.txt | head -200
   fi
 } 2>&1 | tee "$OUT/v32-$PART.log"
