@@ -16,7 +16,8 @@
 //     [p·NG/KS, (p+1)·NG/KS)); per part one fp32 chain of mma.sync m16n8k16 from 0 over all its
 //     k-steps in order, no per-group partial;
 //   - y = ((0 + a_0) + a_1) + ... + a_{KS-1} in fp32, in part order; then the epilogue.
-// A row's bits depend on K and KS only: not on R, NT, ST, WM, WALK or the grid.
+// A row's bits depend on K and KS only: not on R, NT, ST, WM, WALK, XP, MI, LB or the grid.
+// (AR = 1, below, runs gemv_q4's arithmetic instead: gemv_q4's bits.)
 //
 // Which scale an A register takes: q4_pair(w, j) packs nibbles j and j+4 of a word, FORMAT.md's
 // A elements {a0, a1}, {a2, a3}, {a4, a5}, {a6, a7} for j = 0..3. In the m16n8k16 A fragment
@@ -110,8 +111,12 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // bulk-copy engine: a chunk's 1 KiB of codes and 32 B of scales are contiguous in global memory
 // (FORMAT.md), so it is two cp.async.bulk counted on `full` as transaction bytes (version 32).
 // Schedule only, like the others.
+// AR: the arithmetic. 0 = the contract above (Ŵ, one chain per part); 1 = gemv_q4's (per group
+// an unscaled partial from zero by q4_kstep, then acc += scale · partial by q4_scale_add; parts
+// cut and added as gemv_q4 adds them), so that y is bitwise gemv_q4's at the same K and KS: the
+// loader-and-consumers structure measured apart from the contract (version 32).
 template <int K, int NT, int KS, int EPI, int ST = 4, int WM = 1, int WALK = 0, int XP = 0,
-          int MI = 1, int LB = 0>
+          int MI = 1, int LB = 0, int AR = 0>
 __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const bf16* __restrict__ scales,
                                         const bf16* __restrict__ x, int ldx, bf16* y, int ldy, int N, int R) {
   static_assert(K % 128 == 0, "K must be a multiple of 128");
@@ -120,6 +125,7 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
   static_assert(WALK == 0 || WALK == 1, "gemv_cv: WALK is 0 (ranges) or 1 (grid-stride)");
   static_assert(XP == 0 || XP == 1, "gemv_cv: XP is 0 or 1 (x of the next group in flight)");
   static_assert(LB == 0 || LB == 1, "gemv_cv: LB is 0 (cp.async by 32 lanes) or 1 (bulk copies)");
+  static_assert(AR == 0 || AR == 1, "gemv_cv: AR is 0 (the Ŵ contract) or 1 (gemv_q4's arithmetic)");
   static_assert(XP == 0 || NT == 1 || WM * KS <= 8,
                 "gemv_cv: XP = 1 at NT = 2 needs at most 8 consumer warps (plan.gemv.gemv_cv_xp)");
   using L = GemvCvLaunch<NT, KS, ST, WM, MI>;
@@ -268,7 +274,7 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
         const int bar = warp * ST + st;
         mbar_wait(full0 + 8 * bar, (k / ST) & 1);
         uint4 w0[MI], w1[MI];
-        uint32_t s_lo[MI], s_hi[MI];
+        uint32_t s_lo[MI], s_hi[MI], sws[MI];
 #pragma unroll
         for (int u = 0; u < MI; ++u) {
           const uint4* slot = cv_smem + ((size_t)bar * SB + u * CB) / 16;
@@ -276,28 +282,57 @@ __device__ __forceinline__ void gemv_cv(const uint4* __restrict__ qweight, const
           w1[u] = slot[32 + lane];
           const unsigned short* sp = reinterpret_cast<const unsigned short*>(slot + 64);
           const uint32_t sw = (uint32_t)sp[g] | ((uint32_t)sp[g + 8] << 16);
+          sws[u] = sw;
           // Scale pairs {s_g, s_g} (registers 0, 2) and {s_g+8, s_g+8} (registers 1, 3).
           s_lo[u] = __byte_perm(sw, 0, 0x1010);
           s_hi[u] = __byte_perm(sw, 0, 0x3232);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * bar);  // the stage is in registers: the loader may refill it
+        if constexpr (AR) {   // gemv_q4's group: a partial from zero, then acc += scale · partial
+          float part[MI][NT][4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int u = 0; u < MI; ++u)
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk)    // k-step kk of k-tile h, each m-tile's chain in turn
+            for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int u = 0; u < MI; ++u) {
-              const uint4& wv = h ? w1[u] : w0[u];
-              const uint32_t wi = kk == 0 ? wv.x : kk == 1 ? wv.y : kk == 2 ? wv.z : wv.w;
-              const uint32_t a[4] = {cv_pair(wi, 0, s_lo[u]), cv_pair(wi, 1, s_hi[u]),
-                                     cv_pair(wi, 2, s_lo[u]), cv_pair(wi, 3, s_hi[u])};
+              for (int e = 0; e < 4; ++e) part[u][j][e] = 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              uint32_t b0[NT], b1[NT];
 #pragma unroll
               for (int j = 0; j < NT; ++j) {
                 const uint4& v = xv[j][h][kk >> 1];
-                mma_bf16_16816(acc[u][j], a, (kk & 1) ? v.z : v.x, (kk & 1) ? v.w : v.y);
+                b0[j] = (kk & 1) ? v.z : v.x, b1[j] = (kk & 1) ? v.w : v.y;
+              }
+#pragma unroll
+              for (int u = 0; u < MI; ++u) {
+                const uint4& wv = h ? w1[u] : w0[u];
+                q4_kstep<NT>(part[u], kk == 0 ? wv.x : kk == 1 ? wv.y : kk == 2 ? wv.z : wv.w, b0, b1);
               }
             }
+#pragma unroll
+          for (int u = 0; u < MI; ++u) q4_scale_add<NT>(acc[u], part[u], sws[u]);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)    // k-step kk of k-tile h, each m-tile's chain in turn
+#pragma unroll
+              for (int u = 0; u < MI; ++u) {
+                const uint4& wv = h ? w1[u] : w0[u];
+                const uint32_t wi = kk == 0 ? wv.x : kk == 1 ? wv.y : kk == 2 ? wv.z : wv.w;
+                const uint32_t a[4] = {cv_pair(wi, 0, s_lo[u]), cv_pair(wi, 1, s_hi[u]),
+                                       cv_pair(wi, 2, s_lo[u]), cv_pair(wi, 3, s_hi[u])};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  const uint4& v = xv[j][h][kk >> 1];
+                  mma_bf16_16816(acc[u][j], a, (kk & 1) ? v.z : v.x, (kk & 1) ? v.w : v.y);
+                }
+              }
+        }
       }
 #pragma unroll
       for (int u = 0; u < MI; ++u)

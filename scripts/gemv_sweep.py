@@ -67,7 +67,7 @@ SWEEP = {
 def family(cfg) -> str:
     """The arithmetic of a config: "cv" (gemv_cv) or "q4" (gemv_q4's, shared by gemm_q4 and the
     wgmma kernels); configs of one family and NT must agree bit for bit."""
-    return "cv" if cfg[0] == "c" else "q4"
+    return "cv" if cfg[0] == "c" and not cvcfg(cfg)[8] else "q4"
 
 
 def tile_order(cfg) -> bool:
@@ -190,18 +190,23 @@ SK_SHAPES = [("gate_up", 34816, 5120, 64), ("gdn.in", 16480, 5120, 48), ("attn.i
 # own default is 0. A seventh field MI (1 where left out) is m-tiles per consumer warp: MI
 # independent chains interleaved, the diagnosis of that sweep (docs/GEMV_MAINLOOP.md §6.1). An
 # eighth field LB (0 where left out) is the loader: 1 = two bulk copies a chunk from one lane
-# (version 32) instead of 32 lanes' cp.async.
+# (version 32) instead of 32 lanes' cp.async. A ninth, AR (0 where left out), is the arithmetic:
+# 1 = gemv_q4's (version 32), so the config is of the q4 family and must give gemv_q4's bits:
+# the loader-and-consumers structure timed apart from the Ŵ contract.
 _CV_CONFIGS = [("c", 4, 1, 0, 0, 0), ("c", 4, 1, 0, 2, 0), ("c", 4, 1, 0, 0, 0, 2),
                ("c", 4, 1, 0, 2, 0, 2), ("c", 2, 1, 0, 0, 0, 4), ("c", 2, 1, 0, 2, 0, 4),
                ("c", 4, 1, 0, 0, 0, 1, 1), ("c", 4, 1, 0, 2, 0, 1, 1), ("c", 8, 1, 0, 2, 0, 1, 1),
-               ("c", 4, 1, 0, 2, 0, 2, 1)]
+               ("c", 4, 1, 0, 2, 0, 2, 1),
+               ("c", 4, 1, 0, 0, 0, 1, 0, 1), ("c", 4, 1, 0, 2, 0, 1, 0, 1),
+               ("c", 4, 1, 0, 2, 0, 1, 1, 1), ("c", 8, 1, 0, 2, 0, 1, 1, 1),
+               ("c", 4, 1, 0, 2, 0, 2, 1, 1)]
 
 
 def cvcfg(cfg):
-    """("c", ST, WM, WALK, GB, XP, MI, LB) of a gemv_cv config; XP (x of the next group in
+    """("c", ST, WM, WALK, GB, XP, MI, LB, AR) of a gemv_cv config; XP (x of the next group in
     flight, version 31) and MI (m-tiles per consumer warp) are 1 where the config leaves them
-    out, LB (the bulk-copy loader, version 32) 0."""
-    return tuple(cfg) + (1, 1, 0)[len(cfg) - 5:]
+    out, LB (the bulk-copy loader) and AR (gemv_q4's arithmetic; version 32) 0."""
+    return tuple(cfg) + (1, 1, 0, 0)[len(cfg) - 5:]
 
 
 def cv_configs(nt: int, ks: int = 8) -> list:
@@ -300,9 +305,9 @@ def sk_grid(N, K, cfg):
 
 def name(k, nt, cfg):
     if cfg[0] == "c":   # GB is a launch choice, not the instance's
-        _, st, wm, walk, _, xp, mi, lb = cvcfg(cfg)
+        _, st, wm, walk, _, xp, mi, lb, ar = cvcfg(cfg)
         return (f"sw_k{k}_cv_n{nt}_s{st}_w{wm}_k{walk}" + ("" if xp else "_x0")
-                + (f"_m{mi}" if mi > 1 else "") + ("_lb" if lb else ""))
+                + (f"_m{mi}" if mi > 1 else "") + ("_lb" if lb else "") + ("_ar" if ar else ""))
     if cfg[0] == "s":
         _, cw, xs, g, pp = scfg(cfg)
         return f"sw_k{k}_sk{cw}_n{nt}_x{xs}" + (f"_p{pp}" if pp else "")
@@ -377,9 +382,9 @@ def source() -> str:
     for k, nt, cfg in instances():
         ks = ks_of(k)
         if cfg[0] == "c":
-            _, st, wm, walk, _, xp, mi, lb = cvcfg(cfg)
+            _, st, wm, walk, _, xp, mi, lb, ar = cvcfg(cfg)
             threads, mb = gemv_cv_launch(nt, ks, st, wm, mi)[0], 1
-            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}>"
+            call = f"gemv_cv<{k}, {nt}, {ks}, {EPI}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}, {ar}>"
         elif cfg[0] == "s":
             _, cw, xs, _, pp = scfg(cfg)
             threads, mb = 128 * (cw + 1), 1

@@ -81,10 +81,13 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
     assert '#include "gemv_cv.cuh"' in src
     line = next(s for s in src.splitlines() if " sw_k17408_cv_n2_s2_w1_k0_x0_m4(" in s)
     assert "__launch_bounds__(288, 1)" in line
-    assert "q38::gemv_cv<17408, 2, 8, 0, 2, 1, 0, 0, 4, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    assert "q38::gemv_cv<17408, 2, 8, 0, 2, 1, 0, 0, 4, 0, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
     # LB: the bulk-copy loader, named and passed as the last template argument
     line = next(s for s in src.splitlines() if " sw_k5120_cv_n1_s8_w1_k0_x0_lb(" in s)
-    assert "q38::gemv_cv<5120, 1, 8, 0, 8, 1, 0, 0, 1, 1>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    assert "q38::gemv_cv<5120, 1, 8, 0, 8, 1, 0, 0, 1, 1, 0>(qw, sc, x, ldx, y, ldy, N, R);" in line
+    # AR = 1: gemv_q4's arithmetic, so the q4 family (compared bit for bit with gemv_q4)
+    assert gs.family(("c", 4, 1, 0, 2, 0, 1, 1, 1)) == "q4" and gs.family(("c", 4, 1, 0, 2)) == "cv"
+    assert " sw_k5120_cv_n1_s4_w1_k0_x0_lb_ar(" in src
     # MI m-tiles per consumer warp: a block's round covers WM·MI m-tiles
     assert gs.shape_of(34816, 1, 1, 5120, ("c", 2, 1, 0, 0, 0, 4))[0] == (544, 1, 1)
     assert gs.smem_of(5120, 2, ("c", 2, 1, 0, 0, 0, 4)) <= 227 * 1024
@@ -101,7 +104,7 @@ def test_cv_mode_times_gemv_cv_beside_gemv_q4(monkeypatch):
 def test_cv_build_is_clean(monkeypatch, tmp_path):
     regs = _built_regs(monkeypatch, tmp_path, "cv")
     cv = [n for n in regs if "_cv_" in n]
-    # NT 1, 2; six instances (GB is a launch choice: ST 4, MI 2, MI 4 and the three LB ones);
-    # K 5120, 6144, 17408
-    assert len(cv) == 2 * 6 * 3
+    # NT 1, 2; ten instances (GB is a launch choice: ST 4, MI 2, MI 4, the three LB ones and the
+    # four AR ones); K 5120, 6144, 17408
+    assert len(cv) == 2 * 10 * 3
     assert not [n for n in regs if "SPILL" in regs[n] or "SERIALIZED" in regs[n]]

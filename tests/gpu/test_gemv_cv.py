@@ -38,6 +38,10 @@ SCHEDULES = [(2, 1, 1, 1, 1, 0), (8, 1, 0, 1, 1, 0), (3, 2, 1, 1, 1, 0), (5, 2, 
              (2, 1, 1, 0, 4, 0), (3, 1, 0, 0, 3, 0),
              (4, 1, 0, 0, 1, 1), (8, 1, 0, 0, 1, 1), (3, 2, 1, 0, 1, 1), (2, 1, 1, 0, 3, 1)]
 ADD_SCHEDULES = [BASE, (3, 2, 1, 1, 1, 0), (4, 1, 0, 0, 2, 0), (4, 1, 0, 0, 1, 1)]   # EPI_ADD too
+# AR = 1 (gemv_q4's arithmetic in gemv_cv's structure, version 32): these schedules must give
+# gemv_q4's bits (its instance <K, 1, NT, KS, EPI_STORE, 2, 0, 0> is in the unit).
+Q4_SCHEDULES = [(4, 1, 0, 0, 1, 0), (4, 1, 0, 0, 1, 1), (8, 1, 0, 0, 1, 1), (3, 1, 1, 0, 2, 1),
+                (2, 1, 1, 0, 1, 0)]
 
 # bf16 output: each element is rounded once (relative < 2^-8); the fp32 sums are far below that.
 TOL = 4e-3
@@ -47,13 +51,18 @@ def ks_of(k: int) -> int:
     return min(8, k // 128)
 
 
-def name(k, nt, ks, epi, st, wm, walk, xp, mi, lb) -> str:
-    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}_{mi}_{lb}"
+def name(k, nt, ks, epi, st, wm, walk, xp, mi, lb, ar) -> str:
+    return f"cv_{k}_{nt}_{ks}_{epi}_{st}_{wm}_{walk}_{xp}_{mi}_{lb}_{ar}"
+
+
+def q4_name(k, nt, ks) -> str:
+    return f"q4_{k}_{nt}_{ks}"
 
 
 def instances() -> list[tuple[int, ...]]:
-    """(K, NT, KS, EPI, ST, WM, WALK, XP, MI, LB) of every kernel the tests launch: KS(K) at every schedule
-    and both epilogues, KS = 1 (GEMV_MAINLOOP.md §2's one-chain variant) at BASE."""
+    """(K, NT, KS, EPI, ST, WM, WALK, XP, MI, LB, AR) of every gemv_cv kernel the tests launch:
+    KS(K) at every schedule and both epilogues, KS = 1 (GEMV_MAINLOOP.md §2's one-chain variant)
+    at BASE, and Q4_SCHEDULES with AR = 1."""
     out = []
     for k in sorted({k for _, k in SHAPES}):
         for nt in (1, 2):
@@ -62,13 +71,16 @@ def instances() -> list[tuple[int, ...]]:
             for sched in ADD_SCHEDULES:
                 out.append((k, nt, ks_of(k), 1) + fit(nt, ks_of(k), sched))
             out.append((k, nt, 1, 0) + fit(nt, 1, BASE))
+            for sched in Q4_SCHEDULES:
+                out.append((k, nt, ks_of(k), 0) + fit(nt, ks_of(k), sched, ar=1))
     return list(dict.fromkeys(out))
 
 
-def fit(nt: int, ks: int, sched: tuple) -> tuple:
-    """sched with XP = 0 where the instance cannot hold the next group's x (gemv_cv_xp)."""
+def fit(nt: int, ks: int, sched: tuple, ar: int = 0) -> tuple:
+    """sched with XP = 0 where the instance cannot hold the next group's x (gemv_cv_xp), and
+    the arithmetic AR."""
     st, wm, walk, xp, mi, lb = sched
-    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp), mi, lb
+    return st, wm, walk, gemv_cv_xp(nt, ks, wm, xp), mi, lb, ar
 
 
 def source() -> str:
@@ -76,24 +88,31 @@ def source() -> str:
     plan.gemv.gemv_cv_launch."""
     src = ['#include "gemv_cv.cuh"']
     for inst in instances():
-        k, nt, ks, epi, st, wm, walk, xp, mi, lb = inst
+        k, nt, ks, epi, st, wm, walk, xp, mi, lb, ar = inst
         threads, smem = gemv_cv_launch(nt, ks, st, wm, mi)
         src.append(f"""
 extern "C" __global__ void __launch_bounds__({threads}, 1)
 {name(*inst)}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y,
               int ldy, int N, int R) {{
-  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}>(q, s, x, ldx, y, ldy, N, R);
+  q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, {wm}, {walk}, {xp}, {mi}, {lb}, {ar}>(q, s, x, ldx, y, ldy, N, R);
 }}
 static_assert(q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::threads == {threads} &&
               q38::GemvCvLaunch<{nt}, {ks}, {st}, {wm}, {mi}>::dyn_smem_bytes == {smem},
               "plan.gemv.gemv_cv_launch");""")
+    for k, nt, ks in sorted({(i[0], i[1], i[2]) for i in instances() if i[10]}):
+        src.append(f"""
+extern "C" __global__ void __launch_bounds__({32 * ks}, 1)
+{q4_name(k, nt, ks)}(const uint4* q, const q38::bf16* s, const q38::bf16* x, int ldx, q38::bf16* y,
+              int ldy, int N, int R) {{
+  q38::gemv_q4<{k}, 1, {nt}, {ks}, q38::EPI_STORE, 2, 0, 0>(q, s, x, ldx, y, ldy, N, R);
+}}""")
     return "\n".join(src) + "\n"
 
 
 _MOD: dict = {}
 
 
-def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi, lb):
+def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi, lb, ar):
     """(function, threads, dynamic smem) of one instance, from the gate's cubin of source()."""
     if "mod" not in _MOD:
         import pycuda.driver as drv
@@ -103,7 +122,7 @@ def _kernel(k, nt, ks, epi, st, wm, walk, xp, mi, lb):
         _MOD["mod"] = drv.module_from_file(compile_kernels(source(), "gemv_cv_test.cu",
                                                            arch="sm_90a").cubin)
         _MOD["fns"] = {}
-    key = (k, nt, ks, epi, st, wm, walk, xp, mi, lb)
+    key = (k, nt, ks, epi, st, wm, walk, xp, mi, lb, ar)
     if key not in _MOD["fns"]:
         from qwen38gen.runtime import allow_dynamic_smem
 
@@ -135,15 +154,15 @@ class Case:
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         return cls(*wq.quantize_int4(w))
 
-    def run(self, xh, nt, ks=None, epi=0, sched=BASE, G=None, res=None):
+    def run(self, xh, nt, ks=None, epi=0, sched=BASE, G=None, res=None, ar=0):
         """y for x = xh (bf16 [R, K + pad], the stride wider than K) in a NaN-poisoned buffer 3
         rows and 8 columns larger (EPI_ADD: res there, the margin still NaN); checks the margin
         and returns y [R, N] (bf16)."""
         R = xh.shape[0]
         N, K = self.N, self.K
         ks = ks or ks_of(K)
-        st, wm, walk, xp, mi, lb = fit(nt, ks, sched)
-        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp, mi, lb)
+        st, wm, walk, xp, mi, lb, ar = fit(nt, ks, sched, ar)
+        fn, threads, smem = _kernel(K, nt, ks, epi, st, wm, walk, xp, mi, lb, ar)
         host = np.full((R + 3, N + 8), np.nan, np.float32).astype(BF16)
         if epi:
             host[:R, :N] = res
@@ -156,6 +175,20 @@ class Case:
         margin = np.concatenate([out[R:].ravel(), out[:R, N:].ravel()]).astype(np.float32)
         assert np.isnan(margin).all(), f"N={N} K={K} R={R} {sched} G={G}: wrote outside y"
         return out[:R, :N]
+
+    def run_q4(self, xh, nt):
+        """gemv_q4's y for x = xh (MT 1, ST 2, register stages: the program's one-row schedule)."""
+        R = xh.shape[0]
+        N, K = self.N, self.K
+        ks = ks_of(K)
+        if "mod" not in _MOD:
+            _kernel(K, nt, ks, 0, *fit(nt, ks, BASE))
+        fn = _MOD["mod"].get_function(q4_name(K, nt, ks))
+        y = to_gpu(np.full((R, N), np.nan, np.float32).astype(BF16))
+        fn(self.qw_d.gpudata, self.sc_d.gpudata, to_gpu(xh).gpudata, np.int32(xh.shape[1]),
+           y.gpudata, np.int32(N), np.int32(N), np.int32(R),
+           block=(32 * ks, 1, 1), grid=(self.tiles, -(-R // (8 * nt))))
+        return y.get()
 
     def twin(self, x, ks=None):
         return wq.gemv_cv_reference(self.qweight, self.sc, (self.N, self.K), x, ks or ks_of(self.K))
@@ -221,6 +254,31 @@ def test_gemv_cv_schedules_bitwise(cuda_ctx, N, K):
                             f"N={N} K={K} R={R} NT={nt} {sched} G={G}: EPI_ADD bits differ"
                         tried += 1
     print(f"gemv_cv N={N} K={K}: {tried} launches bitwise equal to BASE")
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_gemv_cv_q4_arithmetic_is_gemv_q4s(cuda_ctx, N, K):
+    """AR = 1: gemv_cv's loader and consumers with gemv_q4's arithmetic give gemv_q4's bits at
+    every schedule of Q4_SCHEDULES (the bulk-copy loader, MI, the walk, the grid), NT and R, and
+    are within TOL of gemv_q4's twin."""
+    rng = np.random.default_rng([N, K, 24])
+    case = Case.random(rng, N, K)
+    tried = 0
+    for R in (1, 9, 33):
+        x = _x(rng, R, K)
+        want = case.run_q4(x, 1)
+        assert not np.isnan(want.astype(np.float32)).any()
+        e = rel_err(want, wq.gemv_reference(case.qweight, case.sc, (N, K), x[:, :K]))
+        assert e < TOL, f"N={N} K={K} R={R}: gemv_q4 rel err {e:.2e}"
+        for nt in (1, 2):
+            assert np.array_equal(_bits(case.run_q4(x, nt)), _bits(want))
+            for sched in Q4_SCHEDULES:
+                for G in _grids(case.tiles, sched[1] * sched[4]):
+                    got = case.run(x, nt, sched=sched, G=G, ar=1)
+                    assert np.array_equal(_bits(got), _bits(want)), \
+                        f"N={N} K={K} R={R} NT={nt} {sched} G={G} AR=1: bits differ from gemv_q4"
+                    tried += 1
+    print(f"gemv_cv AR=1 N={N} K={K}: {tried} launches bitwise equal to gemv_q4")
 
 
 @pytest.mark.parametrize("N,K", [(512, 1024), (5120, 17408), (40, 1024)])
