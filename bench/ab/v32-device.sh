@@ -64,8 +64,8 @@ PART=${PART:-table}
       echo "==== GEMV_SWEEP=cv run $i"
       GEMV_SWEEP=cv timeout 100 python3 scripts/gemv_sweep.py run .cache/cv.cubin /tmp/cv-$i.json 2>&1 | tail -80
     done
-    echo "==== ncu: gemv_cv (MI 1, MI 2, LB) beside gemv_q4 at 1 row, lm_head and gate_up"
-    GEMV_SWEEP=cv GEMV_PROFILE="lm_head:1:c,4,1,0,0,0;lm_head:1:c,4,1,0,0,0,1,1;lm_head:1:b,1,2,0,0;gate_up:1:c,4,1,0,2,0,2;gate_up:1:c,4,1,0,2,0,1,1;gate_up:1:b,1,2,0,0" \
+    echo "==== ncu: gemv_cv (LB, LB + AR) beside gemv_q4 at 1 row, lm_head and gate_up"
+    GEMV_SWEEP=cv GEMV_PROFILE="lm_head:1:c,4,1,0,0,0;lm_head:1:c,4,1,0,0,0,1,1;lm_head:1:c,4,1,0,0,0,1,1,1;lm_head:1:b,1,2,0,0;gate_up:1:c,4,1,0,2,0,1,1;gate_up:1:c,4,1,0,2,0,1,1,1;gate_up:1:b,1,2,0,0" \
       timeout 150 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
       --section MemoryWorkloadAnalysis python3 scripts/gemv_sweep.py profile .cache/cv.cubin > /tmp/ncu.txt 2>&1
     grep -E "sw_k|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|No Eligible|Stall|Registers|Block Limit|Warp Cycles Per Issued|One or More Eligible" /tmp/ncu.txt | head -200
