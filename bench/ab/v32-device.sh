@@ -13,6 +13,10 @@
 #     stream: scripts/stream_bench.py's stand-ins (PERSISTENT.md step 0)
 #   PART=vbtg (~200 s): verify_btg beyond B = 16 mtp 1: bench --mtp 1 --batch 12 and
 #     --mtp 2 --batch 16, each at the defaults and with --tune verify_btg=0
+#   PART=attn (~200 s): attn_tc's third ring stage at long context, where one block per SM
+#     streams a kv head's split (B = 1, T = 32 768: 2.07 TB/s on the H100 in version 29):
+#     bench --batch 1,16 --ctx 32768 --reps 20 at the defaults and with --tune attn_st=3
+#     (precompile qwen3.8-27b:1:attn_st=3 qwen3.8-27b:16:attn_st=3)
 #   PART=cv (~300 s): gemv_cv's GPU test (the LB loader's schedules with it), the cv sweep twice
 #     (one config's spread between runs is ~7 %) and ncu of gemv_cv beside gemv_q4 at 1 row.
 #     CPU machine first: GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin, and the
@@ -56,6 +60,11 @@ PART=${PART:-table}
         echo "==== bench --mtp $1 --batch $2 ${t:-(the table: verify at the 32-row tile)}"
         timeout 90 $Q bench --model qwen3.8-27b --mtp "$1" --batch "$2" $t 2>&1 | grep -v '^\s*$' | tail -14
       done
+    done
+  elif [ "$PART" = attn ]; then
+    for t in "" "--tune attn_st=3"; do
+      echo "==== bench --batch 1,16 --ctx 32768 ${t:-(the table: attn_st 2)}"
+      timeout 100 $Q bench --batch 1,16 --ctx 32768 --reps 20 $t 2>&1 | grep -v '^\s*$' | head -16
     done
   elif [ "$PART" = cv ]; then
     echo "==== pytest tests/gpu/test_gemv_cv.py"
