@@ -17,6 +17,12 @@
 #     streams a kv head's split (B = 1, T = 32 768: 2.07 TB/s on the H100 in version 29):
 #     bench --batch 1,16 --ctx 32768 --reps 20 at the defaults and with --tune attn_st=3
 #     (precompile qwen3.8-27b:1:attn_st=3 qwen3.8-27b:16:attn_st=3)
+#   PART=ws (~200 s): gemv_ws (Tuning.gemv_ws: gemv_cv's structure with gemv_q4's arithmetic on
+#     the 8- and 16-row launches) in the program: its GPU test (the tiny program's tokens and
+#     top-k logits bitwise the default's at B = 1, 3, 16), `check --batch 16` with it, and the
+#     step: bench --batch 1,16 at the defaults and with --tune gemv_ws=1 (precompile
+#     tiny:1:pt8 tiny:16:pt8 and each with :gemv_ws=1, tiny:3:pt8:gemv_ws=1, tiny:16:gemv_ws=1,
+#     qwen3.8-27b:1:gemv_ws=1 qwen3.8-27b:16:gemv_ws=1)
 #   PART=cv (~300 s): gemv_cv's GPU test (the LB loader's schedules with it), the cv sweep twice
 #     (one config's spread between runs is ~7 %) and ncu of gemv_cv beside gemv_q4 at 1 row.
 #     CPU machine first: GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin, and the
@@ -65,6 +71,15 @@ PART=${PART:-table}
     for t in "" "--tune attn_st=3"; do
       echo "==== bench --batch 1,16 --ctx 32768 ${t:-(the table: attn_st 2)}"
       timeout 100 $Q bench --batch 1,16 --ctx 32768 --reps 20 $t 2>&1 | grep -v '^\s*$' | head -16
+    done
+  elif [ "$PART" = ws ]; then
+    echo "==== pytest tests/gpu/test_gemv_ws_program.py"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_ws_program.py 2>&1 | tail -4
+    echo "==== check --batch 16 --tune gemv_ws=1"
+    timeout 60 $Q check --batch 16 --tune gemv_ws=1 2>&1 | tail -2
+    for t in "" "--tune gemv_ws=1"; do
+      echo "==== bench --batch 1,16 ${t:-(the table: gemv_q4)}"
+      timeout 100 $Q bench --batch 1,16 $t 2>&1 | grep -v '^\s*$' | head -16
     done
   elif [ "$PART" = cv ]; then
     echo "==== pytest tests/gpu/test_gemv_cv.py"
