@@ -23,8 +23,9 @@
 #     step: bench --batch 1,16 at the defaults and with --tune gemv_ws=1 (precompile
 #     tiny:1:pt8 tiny:16:pt8 and each with :gemv_ws=1, tiny:3:pt8:gemv_ws=1, tiny:16:gemv_ws=1,
 #     qwen3.8-27b:1:gemv_ws=1 qwen3.8-27b:16:gemv_ws=1)
-#   PART=cv (~300 s): gemv_cv's GPU test (the LB loader's schedules with it), the cv sweep twice
-#     (one config's spread between runs is ~7 %) and ncu of gemv_cv beside gemv_q4 at 1 row.
+#   PART=cv (~300 s): gemv_cv's GPU test (the LB loader's schedules with it; CV_TEST=0 skips it),
+#     the cv sweep twice (CV_RUNS; one config's spread between runs is ~7 %) and ncu of gemv_cv
+#     beside gemv_q4 at 1 row.
 #     CPU machine first: GEMV_SWEEP=cv python3 scripts/gemv_sweep.py build .cache/cv.cubin, and the
 #     GPU test's unit into .cache/q38 (QWEN38_CACHE=.cache/q38 python -c "from
 #     tests.gpu.test_gemv_cv import source; from qwen38gen.gate import compile_kernels;
@@ -82,9 +83,11 @@ PART=${PART:-table}
       timeout 100 $Q bench --batch 1,16 $t 2>&1 | grep -v '^\s*$' | head -16
     done
   elif [ "$PART" = cv ]; then
-    echo "==== pytest tests/gpu/test_gemv_cv.py"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_cv.py 2>&1 | tail -6
-    for i in 1 2; do
+    if [ "${CV_TEST:-1}" = 1 ]; then
+      echo "==== pytest tests/gpu/test_gemv_cv.py"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_cv.py 2>&1 | tail -6
+    fi
+    for i in $(seq "${CV_RUNS:-2}"); do
       echo "==== GEMV_SWEEP=cv run $i"
       GEMV_SWEEP=cv timeout 100 python3 scripts/gemv_sweep.py run .cache/cv.cubin /tmp/cv-$i.json 2>&1 | tail -80
     done
