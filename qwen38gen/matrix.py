@@ -1,8 +1,6 @@
 """The lane matrix that `make gate` compiles: models × batches × prefill widths, plus the mtp
 lanes (models × B ∈ MTP_BATCHES × K ∈ MTP_K at the default pt) and the portable sm_90 build
-(models × B ∈ PORTABLE_BATCHES at the default pt), and the lane choices off by default that a
-program can be built with (TUNED: each at one model and B, so the gate compiles their kernels);
-the rest use the default arch."""
+(models × B ∈ PORTABLE_BATCHES at the default pt); the rest use the default arch."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ from .emit import emit_program, write_program
 from .errors import UserError
 from .gate import GateError, gate_file
 from .lanes import DEFAULT_PT, Lanes
-from .tuning import Tuning
 
 MODELS = ("qwen3.8-27b", "tiny")
 BATCHES = (1, 2, 3, 4, 8, 16, 17, 32, 64)
@@ -23,8 +20,6 @@ PTS = (1, DEFAULT_PT, 64)
 MTP_BATCHES = (1, 16)
 MTP_K = (1, 2)
 PORTABLE_BATCHES = (16, 64)   # the sm_90 build (no wgmma) at the default pt
-# (model, B, tuning) at the default pt: gemv_ws (version 32) at one row and at 16 rows
-TUNED = (("qwen3.8-27b", 1, Tuning(gemv_ws=True)), ("tiny", 16, Tuning(gemv_ws=True)))
 
 
 def matrix_lanes() -> list[tuple[str, Lanes]]:
@@ -33,8 +28,7 @@ def matrix_lanes() -> list[tuple[str, Lanes]]:
 
     return ([make(m, b, pt=pt) for m in MODELS for b in BATCHES for pt in PTS]
             + [make(m, b, pt=DEFAULT_PT, mtp=k) for m in MODELS for b in MTP_BATCHES for k in MTP_K]
-            + [make(m, b, pt=DEFAULT_PT, arch="sm_90") for m in MODELS for b in PORTABLE_BATCHES]
-            + [make(m, b, pt=DEFAULT_PT, tuning=t) for m, b, t in TUNED])
+            + [make(m, b, pt=DEFAULT_PT, arch="sm_90") for m in MODELS for b in PORTABLE_BATCHES])
 
 
 def run_matrix(jobs: int = 2, console=None, out_dir: Path | None = None):

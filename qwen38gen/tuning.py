@@ -82,11 +82,6 @@ KNOBS: dict[str, Knob] = {
                             "has more than 16 rows on sm_90a (version 31, H100, B = 16, mtp 1: "
                             "the speculative step 16.73 -> 12.18 ms), else the lane's; 0: the "
                             "lane's tile"),
-    "gemv_ws": Knob("0, 1", "bool",
-                    help="gemv_q4's 8- and 16-row launches (store and residual add) on gemv_ws: a "
-                         "loader warp by bulk copies and consumer warps with gemv_q4's "
-                         "arithmetic, the same bits (version 32, sm_90; not yet measured in the "
-                         "step); gate_up then takes the separate SwiGLU kernel"),
     "multi_tile": Knob("table, 0, 8, 16, 32", "optint", (0, 8, 16, 32),
                        help="gemv_q4's batch tile on launches over more rows than the lane's "
                             "btg (prefill chunks, verify passes; table: 32 where the lane's tile "
@@ -164,7 +159,6 @@ class Tuning:
     attn_mb: int = 0
     attn_grid: int | None = None
     multi_tile: int | None = None
-    gemv_ws: bool = False
     chunk_btg: int | None = None
     verify_btg: int | None = None
     sample_split: bool = True

@@ -17,7 +17,8 @@
 #     streams a kv head's split (B = 1, T = 32 768: 2.07 TB/s on the H100 in version 29):
 #     bench --batch 1,16 --ctx 32768 --reps 20 at the defaults and with --tune attn_st=3
 #     (precompile qwen3.8-27b:1:attn_st=3 qwen3.8-27b:16:attn_st=3)
-#   PART=ws (~200 s): gemv_ws (Tuning.gemv_ws: gemv_cv's structure with gemv_q4's arithmetic on
+#   PART=ws (~200 s; needs the tree of b450597, whose Tuning.gemv_ws left the product when refuted):
+#     gemv_ws (Tuning.gemv_ws: gemv_cv's structure with gemv_q4's arithmetic on
 #     the 8- and 16-row launches) in the program: its GPU test (the tiny program's tokens and
 #     top-k logits bitwise the default's at B = 1, 3, 16), `check --batch 16` with it, and the
 #     step: bench --batch 1,16 at the defaults and with --tune gemv_ws=1 (precompile

@@ -18,8 +18,7 @@ from .entries import Plan, buf, cdiv, pad16, weight_role
 from .gdn import gdn_entry, gdn_launch
 from .gemv import (EPI_ADD, EPI_STORE, EPI_SWIGLU, gemm_entry, gemm_launch, gemm_part_floats,
                    gemv_config, gemv_entry, gemv_split, gemv_swiglu_config, gemv_tile,
-                   gemv_ws_applies, gemv_ws_entry, gemv_ws_grid, swiglu_fuses)
-from . import table
+                   swiglu_fuses)
 from .wgmma import (sk_entry, sk_grid, sk_launch, sk_pub_floats, sk_small_launch, wgmma_entry,
                     wgmma_launch, wgmma_part_floats, wgmma_resident)
 
@@ -140,11 +139,6 @@ class ScheduleBuilder:
                     "args": args + [buf("gemm_part"), buf("gemm_arrivals")],
                     **self._gemv_fields(wname, epi, btg // 8 if xt_ else 0, btg)}
         tile = self.row_tile(wname, R)
-        if gemv_ws_applies(tile, epi, self.tuning):
-            st, lb, gb = table.GEMV_WS
-            e = self.plan.entry(gemv_ws_entry(k, tile, epi, st, lb))
-            return {"k": e.name, "grid": [gemv_ws_grid(n_out, gb, self.arch), cdiv(R, tile), 1],
-                    "args": args, **self._gemv_fields(wname, epi, 0, tile)}
         mt, st, xs, a = gemv_config(role, n_out, tile, self.arch)
         zs = gemv_split(n_out, k, mt, tile, R, self.tuning, self.arch)
         e = self.plan.entry(gemv_entry(k, tile, epi, mt, st, xs, a, zs=zs))
@@ -185,7 +179,6 @@ class ScheduleBuilder:
                     self.gemv(down, "act", "x", H, R, EPI_ADD, xt=True)]
         tile = self.row_tile(gu, R)
         if not (fuse and swiglu_fuses(tile, R) and self.tensor_launch(gu, R) == (None, None)
-                and not gemv_ws_applies(tile, EPI_STORE, self.tuning)
                 and not self.tiled_input(gu, R) and not self.tiled_input(down, R)):
             return (self.normed_gemv(wnorm, gu, "gu", 2 * F, R)
                     + self.swiglu_down(down, R))

@@ -88,14 +88,7 @@ class Plan:
 
     def entry(self, e: Entry) -> Entry:
         """Add e unless an entry of its name is there; an instance launched where it must keep
-        more blocks per SM resident keeps the larger requirement. The header of e's family
-        joins the program's headers if it is not there yet (gemv_ws's gemv_cv.cuh)."""
-        if e.family:
-            from .families import family
-
-            h = family(e.family).header
-            if h not in self.headers:
-                self.headers.append(h)
+        more blocks per SM resident keeps the larger requirement."""
         for i, x in enumerate(self.entries):
             if x.name == e.name:
                 if e.resident > x.resident:

@@ -33,7 +33,6 @@ class Family:
 FAMILIES = {f.name: f for f in (
     Family("gemv_q4", "gemv_q4.cuh", "gemv", "gemv", gemv="gemv_q4"),
     Family("gemm_q4", "gemm_q4.cuh", "gemv", "gemv", gemv="gemv_q4"),
-    Family("gemv_ws", "gemv_cv.cuh", "gemv", "gemv", gemv="gemv_q4"),
     Family("wgmma_q4", "wgmma_q4.cuh", "gemv", "gemv", gemv="wgmma"),
     Family("wgmma_sk_q4", "wgmma_sk_q4.cuh", "gemv", "gemv", gemv="wgmma"),
     Family("gdn", "gdn.cuh", "delta rule", "gdn"),

@@ -95,32 +95,6 @@ def gemv_cv_xp(nt: int, ks: int, wm: int, xp: int = 1) -> int:
     return xp if nt == 1 or wm * ks <= 8 else 0
 
 
-def gemv_ws_applies(tile: int, epi: int, tuning: Tuning) -> bool:
-    """Whether a gemv_q4 launch of batch tile `tile` and epilogue epi runs on gemv_ws instead
-    (Tuning.gemv_ws; 8- and 16-row tiles, the store and residual-add epilogues: gemv_cv's)."""
-    return tuning.gemv_ws and tile <= 16 and epi in (EPI_STORE, EPI_ADD)
-
-
-def gemv_ws_entry(k: int, btg: int, epi: int, st: int, lb: int) -> Entry:
-    """gemv_ws: gemv_cv (kernels/gemv_cv.cuh) with gemv_q4's arithmetic (AR = 1), one m-tile a
-    round (WM = MI = 1), the ranges walk, the next x not in flight (XP = 0): the bits of gemv_q4
-    at the same K (KS = k_parts(k)), so the program's results do not change."""
-    ks, nt = k_parts(k), btg // 8
-    threads, smem = gemv_cv_launch(nt, ks, st, 1)
-    return Entry(name=f"q38_gemv_ws_k{k}_n{nt}_s{ks}_e{epi}_st{st}_lb{lb}",
-                 call=f"q38::gemv_cv<{k}, {nt}, {ks}, {epi}, {st}, 1, 0, 0, 1, {lb}, 1>",
-                 params=GEMV_PARAMS, threads=threads, smem=smem, waits=True, min_blocks=1,
-                 asserts=(f"q38::GemvCvLaunch<{nt}, {ks}, {st}, 1, 1>::dyn_smem_bytes == {smem}",
-                          f"q38::GemvCvLaunch<{nt}, {ks}, {st}, 1, 1>::threads == {threads}"),
-                 family="gemv_ws",
-                 meta=(("xt", 0), ("config", {"nt": nt, "ks": ks, "st": st, "lb": lb})))
-
-
-def gemv_ws_grid(rows: int, gb: int, arch: ArchFacts) -> int:
-    """grid.x of a gemv_ws launch: one m-tile per block and round, at most gb blocks per SM."""
-    return min(cdiv(rows, 16), gb * arch.sms)
-
-
 def gemv_entry(k: int, btg: int, epi: int, mt: int = 1, st: int = 2, xs: int = 0,
                a: int = 0, ms: int = 0, zs: int = 1) -> Entry:
     """ms > 0 (with epi = EPI_SWIGLU, mt = 2): the block's m-tiles are gate tile t and up tile

@@ -31,14 +31,6 @@ GEMV_Q4: dict[tuple[int, str], tuple[int, int, int, int]] = {
        for r in ("in", "out", "gate_up", "down", "lm_head", "fc")},
 }
 
-# ------------------------------------------------------------------------------------ gemv_ws
-# (ST, LB, GB) of gemv_ws (Tuning.gemv_ws, off by default): kernels/gemv_cv.cuh with AR = 1, a
-# loader warp and KS consumer warps per block running gemv_q4's arithmetic (its bits), one m-tile
-# per round; ST ring stages per consumer warp, LB 1 = the loader by bulk copies, GB blocks per SM
-# in the grid. Version 32's provisional choice, from the cv sweep's configs before they were run
-# (scripts/gemv_sweep.py GEMV_SWEEP=cv: ("c", 4, 1, 0, 2, 0, 1, 1, 1)).
-GEMV_WS = (4, 1, 2)
-
 # ------------------------------------------------------------------------------------ gemm_q4
 # (btg, role) -> (MT, WR, ST, MB) of gemm_q4 (m-tiles per warp, warps per block, ring stages,
 # min blocks per SM); absent: gemv_q4 serves (a 64-row lane in 32-row tiles of it). From
